@@ -1,0 +1,1 @@
+"""Per-function invocation history and forecasts (filled in by the forecaster issue)."""

@@ -1,0 +1,215 @@
+"""The kube-scheduler extender: filter, prioritize and bind over HTTP (protocols.md §1).
+
+`Extender` takes decoded wire types and returns wire types; the thin HTTP handlers live in
+`app`. `filter` and `prioritize` read the cache's current snapshot and never await; `bind`
+is the one verb that talks to the API server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import OrderedDict
+from typing import Protocol
+
+import numpy as np
+from kubernetes.aio.client import ApiClient
+from opentelemetry import trace
+
+from plugin import convert, kube, wire
+from plugin.cluster import ClusterCache, Snapshot
+from plugin.errors import BadRequest, KubeApiError, ObjectError
+from policies import filtering, ranking
+from policies.placement import PlacementPolicy
+from policies.types import FloatArray, IntArray, NodeTable, PodRequest
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+MAX_EXTENDER_PRIORITY = 10  # extender/v1 MaxExtenderPriority
+NEUTRAL_PRIORITY = 5  # every candidate equal: no preference, in the middle of the range
+TOP_SCORES_IN_SPANS = 5
+RECENT_PODS = 4096  # pods seen in filter/prioritize, kept so bind can assume their requests
+
+
+class Binder(Protocol):
+    async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+        """Bind or raise `KubeApiError`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeBinder:
+    api: ApiClient
+    timeout_s: float
+
+    async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+        await kube.bind_pod(
+            self.api, namespace=namespace, name=name, uid=uid, node=node, timeout_s=self.timeout_s
+        )
+
+
+class OfflineBinder:
+    """Offline mode has no API server: binding only updates the in-memory cluster."""
+
+    async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
+        logger.debug("offline mode: %s/%s bound to %s in memory only", namespace, name, node)
+
+
+def extender_scores(raw: FloatArray) -> IntArray:
+    """Raw policy scores -> integers 0..10, min-max over the candidates.
+
+    Non-finite scores get 0; if every candidate scores the same, all get the neutral 5.
+    """
+    finite = np.isfinite(raw)
+    if not finite.any():
+        return np.zeros(raw.shape, dtype=np.int64)
+    lo, hi = raw[finite].min(), raw[finite].max()
+    if hi - lo <= 0:
+        return np.where(finite, NEUTRAL_PRIORITY, 0).astype(np.int64)
+    scaled = np.rint((np.where(finite, raw, lo) - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY)
+    return np.where(finite, scaled, 0).astype(np.int64)
+
+
+class Extender:
+    """The three verbs over a cluster cache, a placement policy and a binder."""
+
+    def __init__(self, *, cache: ClusterCache, policy: PlacementPolicy, binder: Binder) -> None:
+        self.cache = cache
+        self.policy = policy
+        self._binder = binder
+        self._recent: OrderedDict[str, PodRequest] = OrderedDict()
+
+    def filter(self, args: wire.ExtenderArgs) -> wire.ExtenderFilterResult:
+        with tracer.start_as_current_span("kdrl.extender.filter") as span:
+            pod, snapshot = self._pod(args, span)
+            candidates, unknown = self._candidates(args, snapshot)
+            verdicts = filtering.filter_nodes(pod, candidates)
+            failed, unresolvable = verdicts.failed(candidates.names)
+            failed.update(
+                {name: "node unknown to the kdrl cache (it may have just joined)" for name in unknown}
+            )
+            passed = [name for name, ok in zip(candidates.names, verdicts.feasible) if ok]
+            span.set_attribute("kdrl.candidates", len(candidates) + len(unknown))
+            span.set_attribute("kdrl.feasible", len(passed))
+            span.set_attribute("kdrl.unknown_nodes", len(unknown))
+            if args["NodeNames"] is not None:
+                return wire.filter_result(names=passed, nodes=None, failed=failed, unresolvable=unresolvable)
+            keep = set(passed)
+            given = args["Nodes"] or wire.NodeList(metadata={}, items=[])
+            items = [n for n in given["items"] if n["metadata"]["name"] in keep]
+            nodes = wire.NodeList(metadata=given["metadata"], items=items)
+            return wire.filter_result(names=None, nodes=nodes, failed=failed, unresolvable=unresolvable)
+
+    def prioritize(self, args: wire.ExtenderArgs) -> list[wire.HostPriority]:
+        with tracer.start_as_current_span("kdrl.extender.prioritize") as span:
+            pod, snapshot = self._pod(args, span)
+            candidates, unknown = self._candidates(args, snapshot)
+            result = ranking.rank(pod, candidates, self.policy)
+            scores = extender_scores(result.scores)
+            span.set_attribute("kdrl.candidates", len(candidates) + len(unknown))
+            span.set_attribute("kdrl.feasible", int(result.verdicts.feasible.sum()))
+            span.set_attribute("kdrl.unknown_nodes", len(unknown))
+            best = result.best_first()[:TOP_SCORES_IN_SPANS]
+            if len(best) and result.verdicts.feasible[best[0]]:
+                span.set_attribute("kdrl.best_node", candidates.names[best[0]])
+                span.set_attribute(
+                    "kdrl.top_scores",
+                    [
+                        f"{candidates.names[r]}={result.scores[r]:.4g}"
+                        for r in best
+                        if result.verdicts.feasible[r]
+                    ],
+                )
+            return [wire.HostPriority(Host=name, Score=int(s)) for name, s in zip(candidates.names, scores)]
+
+    async def bind(self, args: wire.ExtenderBindingArgs) -> wire.ExtenderBindingResult:
+        namespace, name, uid, node = args["PodNamespace"], args["PodName"], args["PodUID"], args["Node"]
+        with tracer.start_as_current_span("kdrl.extender.bind") as span:
+            span.set_attributes(
+                {
+                    "k8s.namespace.name": namespace,
+                    "k8s.pod.name": name,
+                    "k8s.pod.uid": uid,
+                    "k8s.node.name": node,
+                    "kdrl.chosen_node": node,
+                    "kdrl.policy": self.policy.name,
+                }
+            )
+            pod = self._recent.get(uid)
+            if pod is not None:
+                span.set_attributes(
+                    {"kdrl.function": pod.function or "", "kdrl.priority": pod.priority.value}
+                )
+            try:
+                await self._binder.bind(namespace=namespace, name=name, uid=uid, node=node)
+            except KubeApiError as error:
+                message = str(error)
+                if error.status == 409:
+                    message = (
+                        f"pod {namespace}/{name} is already bound or was replaced (409 Conflict): {error}"
+                    )
+                span.set_status(trace.StatusCode.ERROR, message)
+                logger.warning("%s", message)
+                return wire.ExtenderBindingResult(Error=message)
+            if pod is not None:
+                self.cache.assume(uid, node, pod)
+            return wire.ExtenderBindingResult(Error="")
+
+    def _pod(self, args: wire.ExtenderArgs, span: trace.Span) -> tuple[PodRequest, Snapshot]:
+        snapshot = self.cache.snapshot
+        pod = convert.pod_request(args["Pod"])
+        if pod.uid:
+            self._recent[pod.uid] = pod
+            self._recent.move_to_end(pod.uid)
+            while len(self._recent) > RECENT_PODS:
+                self._recent.popitem(last=False)
+        span.set_attributes(
+            {
+                "k8s.namespace.name": pod.namespace,
+                "k8s.pod.name": pod.name,
+                "k8s.pod.uid": pod.uid,
+                "kdrl.function": pod.function or "",
+                "kdrl.priority": pod.priority.value,
+                "kdrl.policy": self.policy.name,
+                "kdrl.snapshot.age_s": snapshot.age(self.cache.clock()),
+                "kdrl.snapshot.synced": snapshot.synced,
+            }
+        )
+        return pod, snapshot
+
+    def _candidates(self, args: wire.ExtenderArgs, snapshot: Snapshot) -> tuple[NodeTable, list[str]]:
+        """The candidate nodes as a table, in request order, and the names the cache lacks."""
+        table = snapshot.nodes
+        if args["NodeNames"] is not None:
+            rows, unknown = [], []
+            for name in args["NodeNames"]:
+                row = table.row(name)
+                if row is None:
+                    unknown.append(name)
+                else:
+                    rows.append(row)
+            if len(rows) == len(table) and rows == list(range(len(table))):
+                return table, unknown
+            return table.take(rows), unknown
+        return self._candidates_from_objects(args, table), []
+
+    @staticmethod
+    def _candidates_from_objects(args: wire.ExtenderArgs, table: NodeTable) -> NodeTable:
+        """Full Node objects: cached rows where known (they carry pod usage), else the object."""
+        rows = []
+        given = args["Nodes"] or wire.NodeList(metadata={}, items=[])
+        for i, item in enumerate(given["items"]):
+            row = table.row(item["metadata"]["name"])
+            if row is not None:
+                rows.append(table.node(row))
+                continue
+            try:
+                rows.append(convert.node_row(item))
+            except ObjectError as error:
+                raise BadRequest(f"ExtenderArgs.Nodes.items[{i}]: {error}") from error
+        candidates = NodeTable.from_nodes(rows)
+        if len(table):
+            candidates = dataclasses.replace(
+                candidates, image_spread=table.image_spread, cluster_size=table.cluster_size
+            )
+        return candidates

@@ -1,0 +1,13 @@
+"""Every `web.AppKey` of the application, in one place, so app state is typed and findable."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from plugin.cluster import ClusterCache
+from plugin.extender import Extender
+from plugin.settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+CACHE = web.AppKey("cache", ClusterCache)
+EXTENDER = web.AppKey("extender", Extender)

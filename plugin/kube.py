@@ -1,0 +1,158 @@
+"""The Kubernetes adapter: every call the plugin makes to the API server lives here.
+
+Each call is declared with `@api_call(...)`, which records its group, resource and verbs in
+`API_CALLS`; the RBAC test holds the ClusterRole against that registry, so a new call
+without a grant (or a grant without a call) fails CI. Objects cross this boundary as plain
+JSON dicts: the official client's `kubernetes.aio` transport is used with
+`*_without_preload_content`, which keeps the hot watch path free of model validation and
+tolerant of fields newer than the client's models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import aiohttp
+from kubernetes.aio import client, config, watch
+
+from plugin.errors import KubeApiError
+
+Obj = dict[str, Any]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCall:
+    """One kind of request the plugin makes, in RBAC terms."""
+
+    group: str  # "" for the core API
+    resource: str  # plural, with subresource: "pods/binding"
+    verbs: tuple[str, ...]
+
+
+API_CALLS: list[ApiCall] = []
+
+
+def api_call(group: str, resource: str, *verbs: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Declare the API request(s) a function makes; see the module docstring."""
+
+    def register(fn: Callable[P, R]) -> Callable[P, R]:
+        API_CALLS.append(ApiCall(group=group, resource=resource, verbs=verbs))
+        return fn
+
+    return register
+
+
+async def connect(*, api_url: str | None, kubeconfig: Path | None) -> client.ApiClient:
+    """An API client: an explicit URL, else in-cluster credentials, else a kubeconfig."""
+    configuration = client.Configuration()
+    if api_url:
+        configuration.host = api_url
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        await config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig else None,
+            client_configuration=configuration,
+        )
+    return client.ApiClient(configuration)
+
+
+@api_call("", "nodes", "list", "watch")
+def node_lister(api: client.ApiClient) -> Callable[..., Awaitable[Any]]:
+    return client.CoreV1Api(api).list_node
+
+
+@api_call("", "pods", "list", "watch")
+def placed_pod_lister(api: client.ApiClient) -> Callable[..., Awaitable[Any]]:
+    """Pods across namespaces; callers pass the `spec.nodeName!=` field selector."""
+    return client.CoreV1Api(api).list_pod_for_all_namespaces
+
+
+async def list_objects(
+    lister: Callable[..., Awaitable[Any]], *, timeout_s: float, **query: Any
+) -> tuple[list[Obj], str]:
+    """All items of a collection and the list's resourceVersion."""
+    raw = getattr(lister.__self__, f"{lister.__name__}_without_preload_content")  # type: ignore[attr-defined]
+    try:
+        response = await raw(_request_timeout=timeout_s, **query)
+        async with response:
+            body = await response.read()
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError, OSError) as error:
+        raise KubeApiError(f"list failed: {error or type(error).__name__}") from error
+    if status != 200:
+        raise KubeApiError(f"list failed: {_status_message(body)}", status=status)
+    document = json.loads(body)
+    return list(document.get("items") or []), str(document["metadata"]["resourceVersion"])
+
+
+async def watch_objects(
+    lister: Callable[..., Awaitable[Any]], *, resource_version: str, timeout_s: int, **query: Any
+) -> AsyncIterator[tuple[str, Obj]]:
+    """(type, object) events after `resource_version` until the server ends the stream.
+
+    A 410 Gone (history compacted) raises `KubeApiError(status=410)`: the caller relists.
+    """
+    stream = watch.Watch(return_type="object")
+    try:
+        async for event in stream.stream(
+            lister,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+            allow_watch_bookmarks=True,
+            **query,
+        ):
+            yield str(event["type"]), event["raw_object"]
+    except client.ApiException as error:
+        raise KubeApiError(f"watch failed: {error.reason}", status=error.status) from error
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as error:
+        raise KubeApiError(f"watch failed: {error or type(error).__name__}") from error
+    finally:
+        await stream.close()
+
+
+@api_call("", "pods/binding", "create")
+async def bind_pod(
+    api: client.ApiClient, *, namespace: str, name: str, uid: str, node: str, timeout_s: float
+) -> None:
+    """Bind a pod to a node; raises `KubeApiError` with the API server's own message.
+
+    The server answers 201 with a `Status`, which the generated client cannot read as the
+    `V1Binding` its OpenAPI spec promises (kubernetes-client/python #547, #825): the raw
+    response is read instead.
+    """
+    body = client.V1Binding(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    )
+    core = client.CoreV1Api(api)
+    try:
+        response = await core.create_namespaced_pod_binding_without_preload_content(
+            name, namespace, body, _request_timeout=timeout_s
+        )
+        async with response:
+            status, text = response.status, await response.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as error:
+        raise KubeApiError(
+            f"binding {namespace}/{name} to {node} failed: {error or type(error).__name__}"
+        ) from error
+    if status not in (200, 201):
+        raise KubeApiError(
+            f"binding {namespace}/{name} to {node} failed: {_status_message(text)}", status=status
+        )
+
+
+def _status_message(body: bytes) -> str:
+    """The `message` of a Kubernetes `Status` body, or the body itself."""
+    try:
+        status = json.loads(body)
+        return str(status.get("message") or status.get("reason") or status)
+    except (ValueError, AttributeError):
+        return body[:200].decode(errors="replace")

@@ -1,0 +1,194 @@
+"""Settings: frozen dataclasses grouped by concern, read once from CLI flags and `KDRL_*` env.
+
+Each field carries its environment key, its flag, and a sentence on its unit and default in
+`metadata`; the CLI's options and the ConfigMap documentation are generated from the same
+place. Precedence: flag, then environment, then default. Values are validated once, here,
+and errors name the key and the value. Nothing below the entrypoint reads `os.environ`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from plugin.errors import SettingsError
+from policies import heuristics
+
+T = TypeVar("T")
+Check = Callable[[Any], str | None]  # an error text, or None when the value is fine
+
+
+def _setting(
+    default: Any,
+    env: str,
+    help: str,
+    *,
+    flag: str = "",
+    choices: tuple[str, ...] = (),
+    check: Check | None = None,
+) -> Any:
+    flag = flag or "--" + env.removeprefix("KDRL_").lower().replace("_", "-")
+    meta = {"env": env, "flag": flag, "help": help, "choices": choices, "check": check}
+    return field(default=default, metadata=meta)
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "must be greater than 0"
+
+
+def _port(value: int) -> str | None:
+    return None if 0 <= value <= 65535 else "must be a TCP port (0..65535; 0 picks a free one)"
+
+
+def _existing_file(value: Path | None) -> str | None:
+    return None if value is None or value.is_file() else "no such file"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = _setting("0.0.0.0", "KDRL_HOST", "Address to listen on.")
+    port: int = _setting(
+        8080, "KDRL_PORT", "TCP port for the extender, events and health endpoints.", check=_port
+    )
+    max_body_bytes: int = _setting(
+        32 * 1024 * 1024,
+        "KDRL_MAX_BODY_BYTES",
+        "Largest request body accepted, in bytes (413 above). 32 MiB holds full Node objects "
+        "for ~5,000 nodes when the scheduler is not nodeCacheCapable.",
+        check=_positive,
+    )
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    api_url: str | None = _setting(
+        None, "KDRL_KUBE_API_URL", "API server URL; unset: in-cluster credentials, else the kubeconfig."
+    )
+    kubeconfig: Path | None = _setting(None, "KDRL_KUBECONFIG", "kubeconfig file (default: ~/.kube/config).")
+    nodes_file: Path | None = _setting(
+        None,
+        "KDRL_NODES_FILE",
+        flag="--nodes",
+        help="Offline mode: serve these nodes (`kubectl get nodes -o json`) instead of watching an API server.",
+        check=_existing_file,
+    )
+    pods_file: Path | None = _setting(
+        None,
+        "KDRL_PODS_FILE",
+        flag="--pods",
+        help="Offline mode: pods placed on those nodes (`kubectl get pods -A -o json`).",
+        check=_existing_file,
+    )
+    request_timeout_s: float = _setting(
+        5.0,
+        "KDRL_KUBE_TIMEOUT_S",
+        "Timeout of one API request (bind, list), seconds; the extender's own budget is 5 s.",
+        check=_positive,
+    )
+    watch_timeout_s: int = _setting(
+        300,
+        "KDRL_WATCH_TIMEOUT_S",
+        "Server-side length of one watch, seconds; it then resumes.",
+        check=_positive,
+    )
+    backoff_max_s: float = _setting(
+        30.0,
+        "KDRL_BACKOFF_MAX_S",
+        "Longest wait between reconnects to an unreachable API server, seconds.",
+        check=_positive,
+    )
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    name: str = _setting(
+        "kube-default",
+        "KDRL_POLICY",
+        "Placement policy that scores nodes.",
+        choices=heuristics.HEURISTIC_NAMES,
+    )
+    seed: int = _setting(0, "KDRL_POLICY_SEED", "Seed of the random policy (for reproducible runs).")
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    level: str = _setting(
+        "INFO", "KDRL_LOG_LEVEL", "Log level.", choices=("DEBUG", "INFO", "WARNING", "ERROR")
+    )
+    format: str = _setting(
+        "plain",
+        "KDRL_LOG_FORMAT",
+        "Log lines as plain text or one JSON object each.",
+        choices=("plain", "json"),
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    kube: KubeSettings = field(default_factory=KubeSettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    log: LogSettings = field(default_factory=LogSettings)
+
+    @property
+    def offline(self) -> bool:
+        return self.kube.nodes_file is not None
+
+
+GROUPS: tuple[tuple[str, type[Any]], ...] = (
+    ("server", ServerSettings),
+    ("kube", KubeSettings),
+    ("policy", PolicySettings),
+    ("log", LogSettings),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One option per setting (by default named after its environment key), default 'not given'."""
+    for title, group_class in GROUPS:
+        group = parser.add_argument_group(f"{title} settings")
+        for f in dataclasses.fields(group_class):
+            meta = f.metadata
+            help_text = f"{meta['help']} [env {meta['env']}; default {f.default}]"
+            group.add_argument(
+                meta["flag"], dest=meta["env"], default=None, help=help_text, choices=meta["choices"] or None
+            )
+
+
+def load(flags: Mapping[str, Any], env: Mapping[str, str]) -> Settings:
+    """Settings from parsed flags (keyed by env name, None when not given) and the environment."""
+    groups = {title: _load_group(cls, flags, env) for title, cls in GROUPS}
+    return Settings(**groups)
+
+
+def _load_group(cls: type[T], flags: Mapping[str, Any], env: Mapping[str, str]) -> T:
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        key = f.metadata["env"]
+        raw = flags.get(key)
+        if raw is None:
+            raw = env.get(key)
+        if raw is None or raw == "":
+            continue
+        values[f.name] = _parse(key, raw, hints[f.name], f.metadata)
+    return cls(**values)
+
+
+def _parse(key: str, raw: Any, kind: Any, meta: Mapping[str, Any]) -> Any:
+    target = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+    try:
+        value = target(raw) if target is not bool else raw.lower() in ("1", "true", "yes")
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key}={raw!r}: expected {getattr(target, '__name__', target)}") from None
+    if meta["choices"] and value not in meta["choices"]:
+        raise SettingsError(f"{key}={raw!r}: expected one of {', '.join(meta['choices'])}")
+    problem = meta["check"](value) if meta["check"] else None
+    if problem:
+        raise SettingsError(f"{key}={raw!r}: {problem}")
+    return value

@@ -1,0 +1,29 @@
+"""OpenTelemetry SDK setup, done once by the entrypoint; the rest of the code uses only the API.
+
+Spans are exported over OTLP/HTTP when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` or
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables are set, and dropped otherwise (the provider
+still exists, so span attributes stay cheap to set and tests can attach an exporter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+OTLP_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+def setup(env: Mapping[str, str]) -> TracerProvider:
+    """Install the global tracer provider (`OTEL_SERVICE_NAME` defaults to kdrl)."""
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "kdrl")})
+    provider = TracerProvider(resource=resource)
+    if any(env.get(v) for v in OTLP_VARIABLES):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    return provider

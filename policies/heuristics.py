@@ -1,0 +1,189 @@
+"""Heuristic placement baselines with kube-scheduler's own scoring formulas.
+
+Each score function is a small vectorised transcription of an upstream plugin, with the
+formula in its docstring (kubernetes/kubernetes pkg/scheduler/framework/plugins/...; see
+protocols.md §2). Integer arithmetic follows upstream, so `kdrl score` can be held against
+the real kube-scheduler's `-v=10` logs. What is deliberately left out: TaintToleration's and
+NodeAffinity's preference scoring, PodTopologySpread and InterPodAffinity, which need
+cluster-wide pod state the extender does not keep.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.placement import PlacementPolicy, ScoreTerm
+from policies.types import FloatArray, IntArray, NodeTable, PodRequest
+
+MAX_NODE_SCORE = 100  # framework.MaxNodeScore
+# ImageLocality thresholds (imagelocality/image_locality.go): images under 23 MiB are too
+# cheap to pull to matter; above 1000 MiB per container the score saturates.
+IMAGE_MIN_THRESHOLD = 23 * 1024 * 1024
+IMAGE_MAX_CONTAINER_THRESHOLD = 1000 * 1024 * 1024
+
+TermFunction = Callable[[PodRequest, NodeTable], IntArray]
+
+
+def least_allocated(pod: PodRequest, nodes: NodeTable) -> IntArray:
+    """NodeResourcesFit, LeastAllocated: mean over cpu, memory of (alloc − req)·100 / alloc.
+
+    `req` counts containers without requests as 100m / 200 MiB (NonZeroRequested), includes
+    the incoming pod, and scores 0 once it exceeds `alloc`; resources with alloc 0 are skipped.
+    """
+    return _fit_score(pod, nodes, _least_requested)
+
+
+def most_allocated(pod: PodRequest, nodes: NodeTable) -> IntArray:
+    """NodeResourcesFit, MostAllocated (bin-packing): mean of min(req, alloc)·100 / alloc."""
+    return _fit_score(pod, nodes, _most_requested)
+
+
+def _fit_score(
+    pod: PodRequest, nodes: NodeTable, per_resource: Callable[[IntArray, IntArray], IntArray]
+) -> IntArray:
+    pairs = (
+        (nodes.cpu_nonzero_requested + pod.cpu_milli_nonzero, nodes.cpu_allocatable),
+        (nodes.memory_nonzero_requested + pod.memory_bytes_nonzero, nodes.memory_allocatable),
+    )
+    total = np.zeros(len(nodes), dtype=np.int64)
+    weights = np.zeros(len(nodes), dtype=np.int64)
+    for requested, allocatable in pairs:
+        counted = allocatable > 0
+        total += np.where(counted, per_resource(requested, allocatable), 0)
+        weights += counted
+    return np.where(weights > 0, total // np.maximum(weights, 1), 0)
+
+
+def _least_requested(requested: IntArray, allocatable: IntArray) -> IntArray:
+    safe = np.maximum(allocatable, 1)
+    score = (allocatable - requested) * MAX_NODE_SCORE // safe
+    return np.where(requested > allocatable, 0, score)
+
+
+def _most_requested(requested: IntArray, allocatable: IntArray) -> IntArray:
+    safe = np.maximum(allocatable, 1)
+    return np.minimum(requested, allocatable) * MAX_NODE_SCORE // safe
+
+
+def balanced_allocation(pod: PodRequest, nodes: NodeTable) -> IntArray:
+    """NodeResourcesBalancedAllocation as of Kubernetes 1.36 (PR #135573): 50..100, 75 = even.
+
+    S(x) = ⌊(1 − |f_cpu − f_mem| / 2)·100⌋ with f_r = min(req_r / alloc_r, 1) on real requests;
+    score = 50 + (50 + S(with pod) − S(without pod)) / 2, rewarding nodes the pod balances.
+    A pod that requests neither CPU nor memory gets 0 everywhere (upstream skips the plugin).
+    """
+    if pod.cpu_milli == 0 and pod.memory_bytes == 0:
+        return np.zeros(len(nodes), dtype=np.int64)
+    without = _balance(nodes, 0, 0)
+    with_pod = _balance(nodes, pod.cpu_milli, pod.memory_bytes)
+    return 50 + (50 + with_pod - without) // 2
+
+
+def _balance(nodes: NodeTable, cpu: int, memory: int) -> IntArray:
+    fractions = []
+    for requested, allocatable in (
+        (nodes.cpu_requested + cpu, nodes.cpu_allocatable),
+        (nodes.memory_requested + memory, nodes.memory_allocatable),
+    ):
+        safe = np.maximum(allocatable, 1).astype(np.float64)
+        fractions.append(np.where(allocatable > 0, np.minimum(requested / safe, 1.0), np.nan))
+    cpu_f, mem_f = fractions
+    both = ~np.isnan(cpu_f) & ~np.isnan(mem_f)
+    std = np.where(both, np.abs(cpu_f - mem_f) / 2, 0.0)  # one resource alone: std 0
+    return ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+
+
+def image_locality(pod: PodRequest, nodes: NodeTable) -> IntArray:
+    """ImageLocality: 100·(clamp(Σ size·spread, 23 MiB, 1000 MiB·n) − 23 MiB) / range.
+
+    Σ runs over the pod's n container and init-container images present on the node;
+    `spread` is the share of all cluster nodes holding that image, so images everywhere count
+    little (scheduling there would not reduce pulls elsewhere).
+    """
+    size = len(nodes)
+    if not pod.images or size == 0:
+        return np.zeros(size, dtype=np.int64)
+    total = np.zeros(size, dtype=np.int64)
+    for image in pod.images:
+        spread = nodes.image_spread.get(image, 0.0)
+        if spread == 0.0:
+            continue
+        sizes = np.fromiter((imgs.get(image, 0) for imgs in nodes.images), np.int64, size)
+        total += (sizes.astype(np.float64) * spread).astype(np.int64)
+    ceiling = IMAGE_MAX_CONTAINER_THRESHOLD * len(pod.images)
+    clamped = np.clip(total, IMAGE_MIN_THRESHOLD, ceiling)
+    return MAX_NODE_SCORE * (clamped - IMAGE_MIN_THRESHOLD) // (ceiling - IMAGE_MIN_THRESHOLD)
+
+
+@dataclass(frozen=True)
+class WeightedSumPolicy:
+    """Σ weight · term over named upstream score plugins: kube-scheduler's own arithmetic."""
+
+    name: str
+    parts: tuple[tuple[str, float, TermFunction], ...]
+
+    def terms(self, pod: PodRequest, nodes: NodeTable) -> tuple[ScoreTerm, ...]:
+        return tuple(
+            ScoreTerm(name=term, weight=weight, values=fn(pod, nodes).astype(np.float64))
+            for term, weight, fn in self.parts
+        )
+
+    def score(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
+        total = np.zeros(len(nodes), dtype=np.float64)
+        for term in self.terms(pod, nodes):
+            total += term.weight * term.values
+        return total
+
+
+def kube_default() -> WeightedSumPolicy:
+    """The default profile's resource and image scoring, with its weights (all 1)."""
+    return WeightedSumPolicy(
+        name="kube-default",
+        parts=(
+            ("NodeResourcesFit", 1.0, least_allocated),
+            ("NodeResourcesBalancedAllocation", 1.0, balanced_allocation),
+            ("ImageLocality", 1.0, image_locality),
+        ),
+    )
+
+
+def most_allocated_policy() -> WeightedSumPolicy:
+    """The upstream bin-packing profile: NodeResourcesFit's strategy set to MostAllocated."""
+    return WeightedSumPolicy(
+        name="most-allocated",
+        parts=(
+            ("NodeResourcesFit", 1.0, most_allocated),
+            ("NodeResourcesBalancedAllocation", 1.0, balanced_allocation),
+            ("ImageLocality", 1.0, image_locality),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RandomPolicy:
+    """Uniform random scores, seeded by the policy seed and the pod, so a pod's draw repeats."""
+
+    seed: int = 0
+    name: str = "random"
+
+    def score(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
+        pod_key = zlib.crc32(f"{pod.key}/{pod.uid}".encode())
+        return np.random.default_rng([self.seed, pod_key]).random(len(nodes))
+
+
+HEURISTIC_NAMES = ("kube-default", "most-allocated", "random")
+
+
+def by_name(name: str, *, seed: int = 0) -> PlacementPolicy:
+    """The heuristic called `name`; raises KeyError naming the known ones otherwise."""
+    if name == "kube-default":
+        return kube_default()
+    if name == "most-allocated":
+        return most_allocated_policy()
+    if name == "random":
+        return RandomPolicy(seed=seed)
+    raise KeyError(f"unknown placement policy {name!r}; known: {', '.join(HEURISTIC_NAMES)}")

@@ -1,0 +1,1 @@
+"""Prewarm planning and actuation (filled in by the prewarm issue)."""

@@ -1,0 +1,214 @@
+"""An in-repo fake Kubernetes API server for tests: real HTTP, the real API's paths and formats.
+
+It serves what the plugin calls, the way kube-apiserver answers it:
+- `GET /api/v1/nodes` and `GET /api/v1/pods` list (a `NodeList`/`PodList` with
+  `metadata.resourceVersion`), honouring the `spec.nodeName` field selector for pods;
+- the same paths with `watch=true`: newline-delimited `{"type": ..., "object": ...}` events
+  after the requested resourceVersion, `BOOKMARK`s when asked, the stream closed after
+  `timeoutSeconds`, and an `ERROR` event carrying a 410 `Status` ("Expired") when the
+  requested version is older than the retained history;
+- `POST /api/v1/namespaces/{ns}/pods/{name}/binding`: 201 with a `Status` body, 404 for a
+  missing pod, 409 when the pod already has a node or the uid precondition fails.
+
+Tests drive it through `add`/`modify`/`delete`, `compact()` (forget history, forcing 410 on
+resume) and `outage` (answer 503 to everything, as an unreachable API would fail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class _Event:
+    version: int
+    kind: str  # "nodes" | "pods"
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: Obj
+
+
+@dataclass
+class FakeKube:
+    """The state of a tiny cluster, with an event history for watches."""
+
+    objects: dict[str, dict[str, Obj]] = field(default_factory=lambda: {"nodes": {}, "pods": {}})
+    history: list[_Event] = field(default_factory=list)
+    version: int = 1
+    oldest_retained: int = 1
+    outage: bool = False
+    requests: list[str] = field(default_factory=list)  # "GET /api/v1/nodes?watch=1", ...
+    bindings: list[Obj] = field(default_factory=list)
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    # -- state changes, as a controller or kubelet would make them ---------------------------
+    async def add(self, kind: str, obj: Obj) -> Obj:
+        return await self._record(kind, "ADDED", obj)
+
+    async def modify(self, kind: str, obj: Obj) -> Obj:
+        return await self._record(kind, "MODIFIED", obj)
+
+    async def delete(self, kind: str, name_key: str) -> None:
+        obj = self.objects[kind].pop(name_key)
+        await self._record(kind, "DELETED", obj, store=False)
+
+    def compact(self) -> None:
+        """Compact history up to now, as etcd does: a watch resuming from before gets 410.
+
+        Streams already open keep reading, as they do against a real API server."""
+        self.oldest_retained = self.version
+
+    async def _record(self, kind: str, type_: str, obj: Obj, *, store: bool = True) -> Obj:
+        obj = copy.deepcopy(obj)
+        self.version += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.version)
+        if store:
+            self.objects[kind][_key(obj)] = obj
+        self.history.append(_Event(self.version, kind, type_, obj))
+        async with self._changed:
+            self._changed.notify_all()
+        return obj
+
+    # -- HTTP ---------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._record_and_fail])
+        app.router.add_get("/api/v1/nodes", self._collection("nodes"))
+        app.router.add_get("/api/v1/pods", self._collection("pods"))
+        app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind)
+        return app
+
+    @web.middleware
+    async def _record_and_fail(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.requests.append(f"{request.method} {request.path_qs}")
+        if self.outage:
+            return _status(503, "ServiceUnavailable", "the fake API server is in an outage")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def _collection(self, kind: str) -> Any:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if request.query.get("watch") in ("true", "1"):
+                return await self._watch(request, kind)
+            items = [o for o in self.objects[kind].values() if _selected(o, request)]
+            list_kind = "NodeList" if kind == "nodes" else "PodList"
+            return web.json_response(
+                {
+                    "kind": list_kind,
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(self.version)},
+                    "items": sorted(items, key=_key),
+                }
+            )
+
+        return handle
+
+    async def _watch(self, request: web.Request, kind: str) -> web.StreamResponse:
+        since = int(request.query.get("resourceVersion") or self.version)
+        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        bookmarks = request.query.get("allowWatchBookmarks") in ("true", "1")
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        if since < self.oldest_retained:
+            expired = _status_obj(
+                410, "Expired", f"too old resource version: {since} ({self.oldest_retained})"
+            )
+            await response.write(_line({"type": "ERROR", "object": expired}))
+            return response
+        try:
+            async for event in self._events_after(since, kind, request, timeout):
+                await response.write(_line({"type": event.type, "object": event.obj}))
+            if bookmarks:
+                mark = {
+                    "kind": "Node" if kind == "nodes" else "Pod",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(self.version)},
+                }
+                await response.write(_line({"type": "BOOKMARK", "object": mark}))
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return response
+
+    async def _events_after(
+        self, since: int, kind: str, request: web.Request, timeout: float
+    ) -> AsyncIterator[_Event]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.outage:
+            for event in [e for e in self.history if e.version > since and e.kind == kind]:
+                since = event.version
+                if _selected(event.obj, request) or event.type == "DELETED":
+                    yield event
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), min(remaining, 0.2))
+
+    async def _bind(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        body = await request.json()
+        pod = self.objects["pods"].get(f"{namespace}/{name}")
+        if pod is None:
+            return _status(404, "NotFound", f'pods "{name}" not found')
+        if body.get("metadata", {}).get("name") != name:
+            return _status(400, "BadRequest", "name in URL does not match the binding")
+        uid = body.get("metadata", {}).get("uid")
+        if uid and uid != pod["metadata"].get("uid"):
+            return _status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
+        if pod.get("spec", {}).get("nodeName"):
+            node = pod["spec"]["nodeName"]
+            return _status(409, "Conflict", f'pod {name} is already assigned to node "{node}"')
+        self.bindings.append(body)
+        bound = copy.deepcopy(pod)
+        bound["spec"]["nodeName"] = body["target"]["name"]
+        await self.modify("pods", bound)
+        return _status(201, "", "", success=True)
+
+
+def _key(obj: Obj) -> str:
+    meta = obj.get("metadata", {})
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+def _selected(obj: Obj, request: web.Request) -> bool:
+    """The field selectors the plugin uses: `spec.nodeName!=` and `spec.nodeName=`."""
+    selector = request.query.get("fieldSelector", "")
+    node = obj.get("spec", {}).get("nodeName") or ""
+    for term in filter(None, selector.split(",")):
+        if term == "spec.nodeName!=" and not node:
+            return False
+        if term == "spec.nodeName=" and node:
+            return False
+    return True
+
+
+def _line(event: Obj) -> bytes:
+    return json.dumps(event).encode() + b"\n"
+
+
+def _status_obj(code: int, reason: str, message: str, *, success: bool = False) -> Obj:
+    obj: Obj = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if success else "Failure",
+        "code": code,
+    }
+    if not success:
+        obj.update(message=message, reason=reason)
+    return obj
+
+
+def _status(code: int, reason: str, message: str, *, success: bool = False) -> web.Response:
+    return web.json_response(_status_obj(code, reason, message, success=success), status=code)
