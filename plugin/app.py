@@ -88,7 +88,8 @@ async def _filter(request: web.Request) -> web.Response:
 
 async def _prioritize(request: web.Request) -> web.Response:
     args = wire.parse_extender_args(wire.decode(await request.read()))
-    return web.json_response(request.app[EXTENDER].prioritize(args))
+    body = request.app[EXTENDER].prioritize(args).encode()
+    return web.Response(body=body, content_type="application/json")
 
 
 async def _bind(request: web.Request) -> web.Response:

@@ -167,6 +167,8 @@ class ClusterCache:
         logger.info("listed %d %s at resourceVersion %s", len(items), kind, version)
         if first:
             self.publish()  # readiness should not wait for the publish interval
+        else:
+            self._dirty.set()
         return version
 
     def _apply(self, kind: str, type_: str, obj: Mapping[str, Any]) -> None:

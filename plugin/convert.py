@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -158,10 +158,22 @@ class _Requests:
     memory_nz: int = 0
 
     def __add__(self, other: _Requests) -> _Requests:
-        return _Requests(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return _Requests(
+            self.cpu + other.cpu,
+            self.memory + other.memory,
+            self.gpu + other.gpu,
+            self.cpu_nz + other.cpu_nz,
+            self.memory_nz + other.memory_nz,
+        )
 
     def max(self, other: _Requests) -> _Requests:
-        return _Requests(*(max(a, b) for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return _Requests(
+            max(self.cpu, other.cpu),
+            max(self.memory, other.memory),
+            max(self.gpu, other.gpu),
+            max(self.cpu_nz, other.cpu_nz),
+            max(self.memory_nz, other.memory_nz),
+        )
 
 
 def _pod_resources(spec: Json) -> _Requests:

@@ -21,7 +21,7 @@ from plugin.cluster import ClusterCache, Snapshot
 from plugin.errors import BadRequest, KubeApiError, ObjectError
 from policies import filtering, ranking
 from policies.placement import PlacementPolicy
-from policies.types import FloatArray, IntArray, NodeTable, PodRequest
+from policies.types import ClusterObjects, FloatArray, IntArray, NodeTable, PodRequest
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -70,6 +70,21 @@ def extender_scores(raw: FloatArray) -> IntArray:
     return np.where(finite, scaled, 0).astype(np.int64)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Priorities:
+    """A prioritize answer: candidate nodes with 0..10 scores (a `HostPriorityList` on the wire)."""
+
+    nodes: NodeTable
+    scores: IntArray
+    encoder: wire.HostPriorityEncoder  # built for `nodes.cluster`
+
+    def to_wire(self) -> list[wire.HostPriority]:
+        return [wire.HostPriority(Host=str(h), Score=int(s)) for h, s in zip(self.nodes.names, self.scores)]
+
+    def encode(self) -> bytes:
+        return self.encoder.encode(self.nodes.origin, self.scores)
+
+
 class Extender:
     """The three verbs over a cluster cache, a placement policy and a binder."""
 
@@ -78,6 +93,13 @@ class Extender:
         self.policy = policy
         self._binder = binder
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()
+        self._encoder: tuple[ClusterObjects, wire.HostPriorityEncoder] | None = None
+
+    def _encoder_for(self, cluster: ClusterObjects) -> wire.HostPriorityEncoder:
+        """The answer encoder of the current cluster, rebuilt when a new snapshot arrives."""
+        if self._encoder is None or self._encoder[0] is not cluster:
+            self._encoder = (cluster, wire.HostPriorityEncoder(cluster.names.tolist()))
+        return self._encoder[1]
 
     def filter(self, args: wire.ExtenderArgs) -> wire.ExtenderFilterResult:
         with tracer.start_as_current_span("kdrl.extender.filter") as span:
@@ -100,7 +122,7 @@ class Extender:
             nodes = wire.NodeList(metadata=given["metadata"], items=items)
             return wire.filter_result(names=None, nodes=nodes, failed=failed, unresolvable=unresolvable)
 
-    def prioritize(self, args: wire.ExtenderArgs) -> list[wire.HostPriority]:
+    def prioritize(self, args: wire.ExtenderArgs) -> Priorities:
         with tracer.start_as_current_span("kdrl.extender.prioritize") as span:
             pod, snapshot = self._pod(args, span)
             candidates, unknown = self._candidates(args, snapshot)
@@ -109,7 +131,7 @@ class Extender:
             span.set_attribute("kdrl.candidates", len(candidates) + len(unknown))
             span.set_attribute("kdrl.feasible", int(result.verdicts.feasible.sum()))
             span.set_attribute("kdrl.unknown_nodes", len(unknown))
-            best = result.best_first()[:TOP_SCORES_IN_SPANS]
+            best = result.best_first(limit=TOP_SCORES_IN_SPANS)
             if len(best) and result.verdicts.feasible[best[0]]:
                 span.set_attribute("kdrl.best_node", candidates.names[best[0]])
                 span.set_attribute(
@@ -120,7 +142,7 @@ class Extender:
                         if result.verdicts.feasible[r]
                     ],
                 )
-            return [wire.HostPriority(Host=name, Score=int(s)) for name, s in zip(candidates.names, scores)]
+            return Priorities(nodes=candidates, scores=scores, encoder=self._encoder_for(candidates.cluster))
 
     async def bind(self, args: wire.ExtenderBindingArgs) -> wire.ExtenderBindingResult:
         namespace, name, uid, node = args["PodNamespace"], args["PodName"], args["PodUID"], args["Node"]
@@ -180,36 +202,30 @@ class Extender:
     def _candidates(self, args: wire.ExtenderArgs, snapshot: Snapshot) -> tuple[NodeTable, list[str]]:
         """The candidate nodes as a table, in request order, and the names the cache lacks."""
         table = snapshot.nodes
-        if args["NodeNames"] is not None:
-            rows, unknown = [], []
-            for name in args["NodeNames"]:
-                row = table.row(name)
-                if row is None:
-                    unknown.append(name)
-                else:
-                    rows.append(row)
-            if len(rows) == len(table) and rows == list(range(len(table))):
-                return table, unknown
-            return table.take(rows), unknown
+        names = args["NodeNames"]
+        if names is not None:
+            if names == table.name_list:  # the scheduler sent every node, in our order
+                return table, []
+            rows = table.rows(names)
+            unknown = [name for name, row in zip(names, rows) if row is None]
+            return table.take([row for row in rows if row is not None]), unknown
         return self._candidates_from_objects(args, table), []
 
     @staticmethod
     def _candidates_from_objects(args: wire.ExtenderArgs, table: NodeTable) -> NodeTable:
-        """Full Node objects: cached rows where known (they carry pod usage), else the object."""
-        rows = []
-        given = args["Nodes"] or wire.NodeList(metadata={}, items=[])
-        for i, item in enumerate(given["items"]):
-            row = table.row(item["metadata"]["name"])
-            if row is not None:
-                rows.append(table.node(row))
-                continue
+        """Full Node objects: the cached rows (they carry pod usage) when the cache knows them all.
+
+        Otherwise a table of the given nodes, cached rows where known and the objects for the
+        rest; image spread is then measured over the given nodes, the best this request tells.
+        """
+        items = (args["Nodes"] or wire.NodeList(metadata={}, items=[]))["items"]
+        rows = table.rows([item["metadata"]["name"] for item in items])
+        if all(row is not None for row in rows):
+            return table.take([row for row in rows if row is not None])
+        nodes = []
+        for i, (item, row) in enumerate(zip(items, rows)):
             try:
-                rows.append(convert.node_row(item))
+                nodes.append(table.node(row) if row is not None else convert.node_row(item))
             except ObjectError as error:
                 raise BadRequest(f"ExtenderArgs.Nodes.items[{i}]: {error}") from error
-        candidates = NodeTable.from_nodes(rows)
-        if len(table):
-            candidates = dataclasses.replace(
-                candidates, image_spread=table.image_spread, cluster_size=table.cluster_size
-            )
-        return candidates
+        return NodeTable.from_nodes(nodes)

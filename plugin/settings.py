@@ -74,7 +74,7 @@ class KubeSettings:
         None,
         "KDRL_NODES_FILE",
         flag="--nodes",
-        help="Offline mode: serve these nodes (`kubectl get nodes -o json`) instead of watching an API server.",
+        help="Offline mode: serve these nodes (`kubectl get nodes -o json`), watch no API server.",
         check=_existing_file,
     )
     pods_file: Path | None = _setting(

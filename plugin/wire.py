@@ -9,8 +9,13 @@ and raises `BadRequest` with the offending key; encoding always writes every key
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import operator
+from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any, TypedDict
+
+import numpy as np
+import numpy.typing as npt
 
 from plugin.errors import BadRequest
 
@@ -52,6 +57,28 @@ class ExtenderBindingResult(TypedDict):
     Error: str
 
 
+class HostPriorityEncoder:
+    """Encodes `HostPriorityList`s over one cluster's nodes: the extender's hot answer.
+
+    Each node's `{"Host":"<name>","Score":` prefix is built once; an answer then joins
+    prefixes with one of eleven score suffixes. Equal to `json.dumps([HostPriority(...)])`
+    up to whitespace.
+    """
+
+    _SUFFIXES = np.array([f"{score}}}" for score in range(11)], dtype=object)
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._prefixes = np.array(
+            [f'{{"Host":{json.dumps(name)},"Score":' for name in names] or [""], dtype=object
+        )[: len(names)]
+
+    def encode(self, rows: npt.NDArray[np.int64], scores: npt.NDArray[np.int64]) -> bytes:
+        """The list for `rows` (indices into the names) with their 0..10 `scores`."""
+        prefixes = self._prefixes[rows].tolist()
+        suffixes = self._SUFFIXES[np.clip(scores, 0, 10)].tolist()
+        return ("[" + ",".join(map(operator.add, prefixes, suffixes)) + "]").encode()
+
+
 def decode(body: bytes) -> Any:
     try:
         return json.loads(body)
@@ -67,7 +94,7 @@ def parse_extender_args(document: Any) -> ExtenderArgs:
     names, nodes = fields.get("nodenames"), fields.get("nodes")
     if names is None and nodes is None:
         raise BadRequest("ExtenderArgs: one of NodeNames or Nodes is required")
-    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+    if names is not None and (not isinstance(names, list) or not all(map(isinstance, names, repeat(str)))):
         raise BadRequest("ExtenderArgs.NodeNames: expected a list of node names")
     return ExtenderArgs(Pod=pod, Nodes=None if names is not None else _node_list(nodes), NodeNames=names)
 

@@ -10,12 +10,12 @@ Resource checks are vectorised; label and taint checks visit only the nodes that
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from policies.types import BoolArray, NodeTable, PodRequest, Taint, Toleration
+from policies.types import BoolArray, IntArray, NodeTable, ObjectArray, PodRequest, Taint, Toleration
 
 # Taint that the node lifecycle controller mirrors from `spec.unschedulable`.
 UNSCHEDULABLE_TAINT = Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule")
@@ -32,49 +32,67 @@ class Verdicts:
 
     feasible: BoolArray
     unresolvable: BoolArray
-    reasons: tuple[str, ...]  # "" where feasible
+    reasons: Mapping[int, str]  # row -> why it cannot run the pod; feasible rows absent
 
-    def failed(self, names: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str]]:
+    def reason(self, row: int) -> str:
+        return self.reasons.get(row, "")
+
+    def failed(self, names: ObjectArray) -> tuple[dict[str, str], dict[str, str]]:
         """(resolvable, unresolvable) failures as node name -> reason."""
         resolvable: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for row in np.flatnonzero(~self.feasible):
-            target = unresolvable if self.unresolvable[row] else resolvable
-            target[names[row]] = self.reasons[row]
+        for row, reason in self.reasons.items():
+            (unresolvable if self.unresolvable[row] else resolvable)[names[row]] = reason
         return resolvable, unresolvable
 
 
-def filter_nodes(pod: PodRequest, nodes: NodeTable) -> Verdicts:
-    """Which nodes can run `pod`, with a human-readable reason for each that cannot."""
-    size = len(nodes)
-    reasons: list[list[str]] = [[] for _ in range(size)]
-    unresolvable = np.zeros(size, dtype=np.bool_)
-    for row, reason in _label_and_taint_failures(pod, nodes):
-        reasons[row].append(reason)
-        unresolvable[row] = True
-    for row, reason in _resource_failures(pod, nodes):
-        reasons[row].append(reason)
-    texts = tuple("; ".join(r) for r in reasons)
-    feasible = np.fromiter((not t for t in texts), np.bool_, size)
-    return Verdicts(feasible=feasible, unresolvable=unresolvable & ~feasible, reasons=texts)
+@dataclass(frozen=True, slots=True)
+class _Check:
+    failing: BoolArray
+    reason: Callable[[int], str]  # why row fails, computed only when asked for
+    unresolvable: bool
 
 
-def _label_and_taint_failures(pod: PodRequest, nodes: NodeTable) -> list[tuple[int, str]]:
-    failures: list[tuple[int, str]] = []
+def filter_nodes(pod: PodRequest, nodes: NodeTable, *, explain: bool = True) -> Verdicts:
+    """Which nodes can run `pod`; with `explain`, a human-readable reason for each that cannot."""
+    checks = [*_placement_checks(pod, nodes), *_resource_checks(pod, nodes)]
+    failing = np.zeros(len(nodes), dtype=np.bool_)
+    unresolvable = np.zeros(len(nodes), dtype=np.bool_)
+    for check in checks:
+        failing |= check.failing
+        if check.unresolvable:
+            unresolvable |= check.failing
+    reasons: dict[int, str] = {}
+    if explain:
+        for row in np.flatnonzero(failing).tolist():
+            reasons[row] = "; ".join(c.reason(row) for c in checks if c.failing[row])
+    return Verdicts(feasible=~failing, unresolvable=unresolvable, reasons=reasons)
+
+
+def _placement_checks(pod: PodRequest, nodes: NodeTable) -> list[_Check]:
+    """Cordons, taints and labels: failures that evicting pods cannot fix."""
+    checks = []
     if not _tolerated(UNSCHEDULABLE_TAINT, pod.tolerations):
-        failures += [
-            (int(r), "node is cordoned (spec.unschedulable)") for r in np.flatnonzero(nodes.unschedulable)
-        ]
-    for row, taints in enumerate(nodes.taints):
-        for taint in taints:
-            if taint.effect in _FILTERING_EFFECTS and not _tolerated(taint, pod.tolerations):
-                failures.append((row, f"untolerated taint {_describe_taint(taint)}"))
+        checks.append(_Check(nodes.unschedulable, lambda row: "node is cordoned (spec.unschedulable)", True))
+    # Nodes of a pool share their taints: judge each distinct set once, then index.
+    judged = [_untolerated(taints, pod.tolerations) for taints in nodes.cluster.taint_sets]
+    untolerated = np.array([bool(reason) for reason in judged])[nodes.taint_set]
+    checks.append(_Check(untolerated, lambda row: judged[nodes.taint_set[row]], True))
     if pod.node_selector or pod.required_affinity:
-        for row, (labels, name) in enumerate(zip(nodes.labels, nodes.names)):
-            reason = _label_mismatch(pod, labels, name)
-            if reason:
-                failures.append((row, reason))
-    return failures
+        labels, names = nodes.labels, nodes.names
+        mismatched = np.fromiter(
+            (bool(_label_mismatch(pod, lab, name)) for lab, name in zip(labels, names)), np.bool_, len(nodes)
+        )
+        checks.append(_Check(mismatched, lambda row: _label_mismatch(pod, labels[row], names[row]), True))
+    return checks
+
+
+def _untolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> str:
+    return "; ".join(
+        f"untolerated taint {_describe_taint(t)}"
+        for t in taints
+        if t.effect in _FILTERING_EFFECTS and not _tolerated(t, tolerations)
+    )
 
 
 def _label_mismatch(pod: PodRequest, labels: Mapping[str, str], name: str) -> str:
@@ -95,29 +113,39 @@ def _describe_taint(taint: Taint) -> str:
     return f"{taint.key}{value}:{taint.effect}"
 
 
-def _resource_failures(pod: PodRequest, nodes: NodeTable) -> list[tuple[int, str]]:
-    failures: list[tuple[int, str]] = []
-    too_many = nodes.pod_count + 1 > nodes.pods_allocatable
-    for row in np.flatnonzero(too_many):
-        failures.append((int(row), f"too many pods: {nodes.pod_count[row]} of {nodes.pods_allocatable[row]}"))
-    checks = (
+def _resource_checks(pod: PodRequest, nodes: NodeTable) -> list[_Check]:
+    """Pod count and requests (NodeResourcesFit): failures that preemption might fix."""
+    count, capacity = nodes.pod_count, nodes.pods_allocatable
+    checks = [
+        _Check(count + 1 > capacity, lambda row: f"too many pods: {count[row]} of {capacity[row]}", False)
+    ]
+    for resource, wanted, requested, allocatable, show in (
         ("cpu", pod.cpu_milli, nodes.cpu_requested, nodes.cpu_allocatable, _millicores),
         ("memory", pod.memory_bytes, nodes.memory_requested, nodes.memory_allocatable, _bytes),
         ("nvidia.com/gpu", pod.gpu, nodes.gpu_requested, nodes.gpu_allocatable, str),
-    )
-    for resource, wanted, requested, allocatable, show in checks:
-        if wanted <= 0:
-            continue  # NodeResourcesFit skips what the pod does not request
-        free = allocatable - requested
-        for row in np.flatnonzero(free < wanted):
-            failures.append(
-                (
-                    int(row),
-                    f"insufficient {resource}: pod requests {show(wanted)}, node has "
-                    f"{show(max(int(free[row]), 0))} free of {show(int(allocatable[row]))}",
+    ):
+        if wanted > 0:  # NodeResourcesFit skips what the pod does not request
+            checks.append(
+                _Check(
+                    allocatable - requested < wanted,
+                    _shortage(resource, wanted, requested, allocatable, show),
+                    False,
                 )
             )
-    return failures
+    return checks
+
+
+def _shortage(
+    resource: str, wanted: int, requested: IntArray, allocatable: IntArray, show: Callable[[int], str]
+) -> Callable[[int], str]:
+    def reason(row: int) -> str:
+        free = max(int(allocatable[row] - requested[row]), 0)
+        return (
+            f"insufficient {resource}: pod requests {show(wanted)}, node has {show(free)} free "
+            f"of {show(int(allocatable[row]))}"
+        )
+
+    return reason
 
 
 def _millicores(value: int) -> str:

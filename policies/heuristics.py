@@ -109,11 +109,9 @@ def image_locality(pod: PodRequest, nodes: NodeTable) -> IntArray:
         return np.zeros(size, dtype=np.int64)
     total = np.zeros(size, dtype=np.int64)
     for image in pod.images:
-        spread = nodes.image_spread.get(image, 0.0)
-        if spread == 0.0:
-            continue
-        sizes = np.fromiter((imgs.get(image, 0) for imgs in nodes.images), np.int64, size)
-        total += (sizes.astype(np.float64) * spread).astype(np.int64)
+        spread = nodes.image_spread(image)
+        if spread > 0.0:
+            total += (nodes.image_sizes(image) * spread).astype(np.int64)
     ceiling = IMAGE_MAX_CONTAINER_THRESHOLD * len(pod.images)
     clamped = np.clip(total, IMAGE_MIN_THRESHOLD, ceiling)
     return MAX_NODE_SCORE * (clamped - IMAGE_MIN_THRESHOLD) // (ceiling - IMAGE_MIN_THRESHOLD)

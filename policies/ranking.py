@@ -20,14 +20,18 @@ class Ranking:
     scores: FloatArray
     terms: tuple[ScoreTerm, ...]  # per-term breakdown (NaN where infeasible); empty if not asked
 
-    def best_first(self) -> IntArray:
-        """Row order: feasible nodes by descending score (ties by name), then the rest."""
+    def best_first(self, limit: int | None = None) -> IntArray:
+        """Rows, feasible ones by descending score (ties in row order), then the infeasible."""
         key = np.where(self.verdicts.feasible, -np.nan_to_num(self.scores, nan=0.0), np.inf)
-        return np.lexsort((np.asarray(self.nodes.names), key))
+        if limit is not None and limit < len(key):
+            top = np.argpartition(key, limit)[:limit]
+            return top[np.argsort(key[top], kind="stable")]
+        return np.argsort(key, kind="stable")
 
 
 def rank(pod: PodRequest, nodes: NodeTable, policy: PlacementPolicy, *, explain: bool = False) -> Ranking:
-    verdicts = filtering.filter_nodes(pod, nodes)
+    """Filter and score; with `explain`, also failure reasons and the per-term breakdown."""
+    verdicts = filtering.filter_nodes(pod, nodes, explain=explain)
     feasible_rows = np.flatnonzero(verdicts.feasible)
     scores = np.full(len(nodes), np.nan)
     terms: tuple[ScoreTerm, ...] = ()

@@ -8,8 +8,10 @@ Units follow the project's conventions: CPU in millicores, memory and image size
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +19,7 @@ import numpy.typing as npt
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
+ObjectArray = npt.NDArray[np.object_]
 
 
 class Priority(enum.Enum):
@@ -163,18 +166,39 @@ _INT_COLUMNS = (
     "memory_nonzero_requested",
     "pod_count",
 )
+_BOOL_COLUMNS = ("unschedulable",)
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterObjects:
+    """Per-node Python objects and the image index of the whole cluster.
+
+    Shared by the cluster's table and every subset taken from it, so a subset costs only
+    its numeric columns; subsets reach these through their `origin` rows.
+    """
+
+    names: ObjectArray
+    labels: ObjectArray  # Mapping[str, str] per node
+    taints: ObjectArray  # tuple[Taint, ...] per node
+    images: ObjectArray  # Mapping[str, int] per node: image name -> size in bytes
+    function_pods: ObjectArray  # Mapping[str, int] per node: function -> pods on it
+    image_index: Mapping[str, tuple[IntArray, IntArray]]  # image -> (node rows, sizes)
+    taint_sets: tuple[tuple[Taint, ...], ...]  # distinct taint sets; the first is "no taints"
+
+    @property
+    def size(self) -> int:
+        return len(self.names)
 
 
 @dataclass(frozen=True, eq=False)
 class NodeTable:
-    """Nodes as columns: one numpy array per numeric attribute, one tuple per mapping.
+    """Nodes as columns: one numpy array per numeric attribute, objects through `cluster`.
 
-    A table may be a subset of the cluster (the candidates of one request); `image_spread`
-    and `cluster_size` still describe the whole cluster, because ImageLocality scales an
-    image's size by the share of *all* nodes that hold it.
+    A table may be the candidates of one request, a subset of the cluster. `origin` gives
+    each row's position in the cluster; the image index describes the whole cluster, because
+    ImageLocality scales an image's size by the share of *all* nodes that hold it.
     """
 
-    names: tuple[str, ...]
     cpu_allocatable: IntArray
     memory_allocatable: IntArray
     pods_allocatable: IntArray
@@ -186,38 +210,47 @@ class NodeTable:
     memory_nonzero_requested: IntArray
     pod_count: IntArray
     unschedulable: BoolArray
-    labels: tuple[Mapping[str, str], ...]
-    taints: tuple[tuple[Taint, ...], ...]
-    images: tuple[Mapping[str, int], ...]
-    function_pods: tuple[Mapping[str, int], ...]
-    image_spread: Mapping[str, float]
-    cluster_size: int
-    _rows: dict[str, int] = field(init=False, repr=False)
+    taint_set: IntArray  # index into `cluster.taint_sets`: nodes of a pool share one entry
+    origin: IntArray
+    cluster: ClusterObjects
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_rows", {name: i for i, name in enumerate(self.names)})
-        for column in _INT_COLUMNS:
+        for column in (*_INT_COLUMNS, *_BOOL_COLUMNS, "taint_set", "origin"):
             getattr(self, column).flags.writeable = False
-        self.unschedulable.flags.writeable = False
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[Node]) -> NodeTable:
-        holders: dict[str, int] = {}
-        for node in nodes:
-            for image in node.images:
-                holders[image] = holders.get(image, 0) + 1
         size = len(nodes)
-        columns = {c: np.fromiter((getattr(n, c) for n in nodes), np.int64, size) for c in _INT_COLUMNS}
+        holders: dict[str, tuple[list[int], list[int]]] = {}
+        for row, node in enumerate(nodes):
+            for image, image_size in node.images.items():
+                rows, sizes = holders.setdefault(image, ([], []))
+                rows.append(row)
+                sizes.append(image_size)
+        objects = {
+            column: _object_array([getattr(n, attribute) for n in nodes])
+            for column, attribute in (
+                ("names", "name"),
+                ("labels", "labels"),
+                ("taints", "taints"),
+                ("images", "images"),
+                ("function_pods", "function_pods"),
+            )
+        }
+        taint_sets: dict[tuple[Taint, ...], int] = {(): 0}
+        taint_set = np.fromiter(
+            (taint_sets.setdefault(n.taints, len(taint_sets)) for n in nodes), np.int64, size
+        )
+        image_index = {
+            image: (np.asarray(rows, np.int64), np.asarray(sizes, np.int64))
+            for image, (rows, sizes) in holders.items()
+        }
         return cls(
-            names=tuple(n.name for n in nodes),
             unschedulable=np.fromiter((n.unschedulable for n in nodes), np.bool_, size),
-            labels=tuple(n.labels for n in nodes),
-            taints=tuple(n.taints for n in nodes),
-            images=tuple(n.images for n in nodes),
-            function_pods=tuple(n.function_pods for n in nodes),
-            image_spread={image: count / size for image, count in holders.items()},
-            cluster_size=size,
-            **columns,
+            taint_set=taint_set,
+            origin=np.arange(size, dtype=np.int64),
+            cluster=ClusterObjects(image_index=image_index, taint_sets=tuple(taint_sets), **objects),
+            **{c: np.fromiter((getattr(n, c) for n in nodes), np.int64, size) for c in _INT_COLUMNS},
         )
 
     @classmethod
@@ -225,33 +258,73 @@ class NodeTable:
         return cls.from_nodes(())
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.origin)
+
+    @functools.cached_property
+    def names(self) -> ObjectArray:
+        return self.cluster.names[self.origin]
+
+    @functools.cached_property
+    def labels(self) -> ObjectArray:
+        return self.cluster.labels[self.origin]
+
+    @functools.cached_property
+    def taints(self) -> ObjectArray:
+        return self.cluster.taints[self.origin]
+
+    @functools.cached_property
+    def images(self) -> ObjectArray:
+        return self.cluster.images[self.origin]
+
+    @functools.cached_property
+    def function_pods(self) -> ObjectArray:
+        return self.cluster.function_pods[self.origin]
+
+    @functools.cached_property
+    def name_list(self) -> list[str]:
+        return self.names.tolist()  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def _rows(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
 
     def row(self, name: str) -> int | None:
         return self._rows.get(name)
 
+    def rows(self, names: Sequence[str]) -> list[int | None]:
+        """Row of each name (None where unknown), in one pass."""
+        return list(map(self._rows.get, names))
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster.size
+
     def take(self, rows: Sequence[int] | IntArray) -> NodeTable:
         """The sub-table of the given rows, in that order."""
         index = np.asarray(rows, dtype=np.int64)
-        picked = [int(i) for i in index]
-        columns = {c: getattr(self, c)[index] for c in _INT_COLUMNS}
-        return NodeTable(
-            names=tuple(self.names[i] for i in picked),
-            unschedulable=self.unschedulable[index],
-            labels=tuple(self.labels[i] for i in picked),
-            taints=tuple(self.taints[i] for i in picked),
-            images=tuple(self.images[i] for i in picked),
-            function_pods=tuple(self.function_pods[i] for i in picked),
-            image_spread=self.image_spread,
-            cluster_size=self.cluster_size,
-            **columns,
-        )
+        columns = {c: getattr(self, c)[index] for c in (*_INT_COLUMNS, *_BOOL_COLUMNS, "taint_set")}
+        return NodeTable(origin=self.origin[index], cluster=self.cluster, **columns)
+
+    def image_sizes(self, image: str) -> IntArray:
+        """Per row, the size of `image` if the node holds it, else 0."""
+        holders = self.cluster.image_index.get(image)
+        if holders is None:
+            return np.zeros(len(self), dtype=np.int64)
+        rows, sizes = holders
+        cluster = np.zeros(self.cluster.size, dtype=np.int64)
+        cluster[rows] = sizes
+        return cluster[self.origin]
+
+    def image_spread(self, image: str) -> float:
+        """The share of all cluster nodes that hold `image`."""
+        holders = self.cluster.image_index.get(image)
+        return 0.0 if holders is None else len(holders[0]) / self.cluster.size
 
     def node(self, row: int) -> Node:
         """One row back as a `Node` (for explanations and tests, not for hot paths)."""
         ints = {c: int(getattr(self, c)[row]) for c in _INT_COLUMNS}
         return Node(
-            name=self.names[row],
+            name=str(self.names[row]),
             unschedulable=bool(self.unschedulable[row]),
             labels=self.labels[row],
             taints=self.taints[row],
@@ -259,3 +332,9 @@ class NodeTable:
             function_pods=self.function_pods[row],
             **ints,
         )
+
+
+def _object_array(values: list[Any]) -> ObjectArray:
+    array = np.fromiter(values, dtype=object, count=len(values))  # tuples stay single items
+    array.flags.writeable = False
+    return array

@@ -11,7 +11,8 @@ It serves what the plugin calls, the way kube-apiserver answers it:
   missing pod, 409 when the pod already has a node or the uid precondition fails.
 
 Tests drive it through `add`/`modify`/`delete`, `compact()` (forget history, forcing 410 on
-resume) and `outage` (answer 503 to everything, as an unreachable API would fail).
+resume), `hold` (open watches deliver nothing) and `outage` (open watches end and every
+request is answered 503, as an API server behind a failing load balancer would be).
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ class FakeKube:
     version: int = 1
     oldest_retained: int = 1
     outage: bool = False
+    hold: bool = False  # open watches deliver nothing until released (to provoke a stale resume)
     requests: list[str] = field(default_factory=list)  # "GET /api/v1/nodes?watch=1", ...
     bindings: list[Obj] = field(default_factory=list)
-    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)  # replaced on every change
 
     # -- state changes, as a controller or kubelet would make them ---------------------------
     async def add(self, kind: str, obj: Obj) -> Obj:
@@ -74,8 +76,8 @@ class FakeKube:
         if store:
             self.objects[kind][_key(obj)] = obj
         self.history.append(_Event(self.version, kind, type_, obj))
-        async with self._changed:
-            self._changed.notify_all()
+        self._changed.set()
+        self._changed = asyncio.Event()
         return obj
 
     # -- HTTP ---------------------------------------------------------------------------
@@ -123,14 +125,16 @@ class FakeKube:
             )
             await response.write(_line({"type": "ERROR", "object": expired}))
             return response
+        last = since  # a bookmark may not claim events this stream has not delivered
         try:
             async for event in self._events_after(since, kind, request, timeout):
                 await response.write(_line({"type": event.type, "object": event.obj}))
+                last = event.version
             if bookmarks:
                 mark = {
                     "kind": "Node" if kind == "nodes" else "Pod",
                     "apiVersion": "v1",
-                    "metadata": {"resourceVersion": str(self.version)},
+                    "metadata": {"resourceVersion": str(last)},
                 }
                 await response.write(_line({"type": "BOOKMARK", "object": mark}))
         except (ConnectionResetError, asyncio.CancelledError):
@@ -143,16 +147,16 @@ class FakeKube:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not self.outage:
-            for event in [e for e in self.history if e.version > since and e.kind == kind]:
+            pending = [] if self.hold else [e for e in self.history if e.version > since and e.kind == kind]
+            for event in pending:
                 since = event.version
                 if _selected(event.obj, request) or event.type == "DELETED":
                     yield event
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), min(remaining, 0.2))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.2))
 
     async def _bind(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]

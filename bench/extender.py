@@ -1,0 +1,246 @@
+"""Extender throughput and latency over real HTTP on loopback, with the client in another process.
+
+Starts `kdrl serve` offline (a subprocess) on a synthetic cluster of N nodes, then this
+process plays kube-scheduler: one keep-alive connection, one call at a time (the scheduling
+cycle is sequential), distinct pending pods, all N node names in a shuffled order
+(`nodeCacheCapable: true`; the worst case, as the scheduler may send fewer). Prints p50/p99 latency and calls per second.
+
+    python -m bench.extender                 # the table
+    python -m bench.extender --json          # the same as JSON
+    python -m bench.extender --nodes 500 --verb prioritize --seconds 5
+
+Targets on a 2-core machine: >= 1,000 prioritize calls/s at 500 nodes, p99 <= 5 ms at
+1,000 nodes, p99 <= 20 ms at 5,000 nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench import synthetic
+
+NODE_COUNTS = (100, 500, 1000, 5000)
+VERBS = ("prioritize", "filter")
+TARGETS = {  # (verb, nodes) -> (metric, bound, "min"|"max")
+    ("prioritize", 500): ("calls_per_s", 1000.0, "min"),
+    ("prioritize", 1000): ("p99_ms", 5.0, "max"),
+    ("prioritize", 5000): ("p99_ms", 20.0, "max"),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    verb: str
+    nodes: int
+    mode: str
+    calls: int
+    p50_ms: float
+    p99_ms: float
+    calls_per_s: float
+    target: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(directory: Path, n_nodes: int, extra: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    nodes, pods = synthetic.cluster(n_nodes, seed=n_nodes)
+    (directory / "nodes.json").write_text(json.dumps(synthetic.as_list("Node", nodes)))
+    (directory / "pods.json").write_text(json.dumps(synthetic.as_list("Pod", pods)))
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "plugin",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--nodes",
+        str(directory / "nodes.json"),
+        "--pods",
+        str(directory / "pods.json"),
+        "--log-level",
+        "WARNING",
+        *extra,
+    ]
+    server = subprocess.Popen(command, env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            connection.request("GET", "/readyz")
+            if connection.getresponse().status == 200:
+                return server, port
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise RuntimeError("kdrl serve did not become ready")
+
+
+def bodies(n_nodes: int, count: int, *, full_nodes: list[dict[str, object]] | None) -> list[bytes]:
+    """Distinct pending pods, each with the node list in its own order (kube-scheduler walks
+    nodes zone by zone from a rotating start, so its order never matches ours)."""
+    rng = random.Random(n_nodes)
+    out = []
+    for i in range(count):
+        names = [f"node-{j:05d}" for j in range(n_nodes)]
+        rng.shuffle(names)
+        pod = synthetic.knative_pod(
+            f"fn-{i}-pending",
+            service=f"fn-{i % 120:03d}",
+            image=synthetic.image_ref(i % 120),
+            cpu=f"{100 + 50 * (i % 8)}m",
+            memory=f"{128 * (1 + i % 4)}Mi",
+            uid=f"bench-{i}",
+        )
+        args = (
+            {"Pod": pod, "Nodes": None, "NodeNames": names}
+            if full_nodes is None
+            else {"Pod": pod, "Nodes": {"metadata": {}, "items": full_nodes}, "NodeNames": None}
+        )
+        out.append(json.dumps(args).encode())
+    return out
+
+
+class Connection:
+    """A lean HTTP/1.1 keep-alive client (prebuilt requests, Content-Length bodies), so the
+    client's own overhead stays small next to the server's, as with Go's net/http."""
+
+    def __init__(self, port: int) -> None:
+        self._socket = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buffer = b""
+
+    @staticmethod
+    def request(verb: str, body: bytes) -> bytes:
+        head = (
+            f"POST /scheduler/{verb} HTTP/1.1\r\nHost: kdrl\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    def exchange(self, request: bytes) -> tuple[int, bytes]:
+        self._socket.sendall(request)
+        while b"\r\n\r\n" not in self._buffer:
+            self._buffer += self._receive()
+        head, _, rest = self._buffer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = next(
+            int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:")
+        )
+        while len(rest) < length:
+            rest += self._receive()
+        self._buffer = rest[length:]
+        return status, rest[:length]
+
+    def _receive(self) -> bytes:
+        chunk = self._socket.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        return chunk
+
+
+def measure(port: int, verb: str, payloads: list[bytes], seconds: float) -> list[float]:
+    connection = Connection(port)
+    requests = [Connection.request(verb, body) for body in payloads]
+    for request in requests[:20]:  # warm-up: connection, caches, allocator
+        connection.exchange(request)
+    latencies = []
+    end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        status, _ = connection.exchange(requests[i % len(requests)])
+        latencies.append(time.perf_counter() - start)
+        if status != 200:
+            raise RuntimeError(f"{verb} answered {status}")
+        i += 1
+    return latencies
+
+
+def judge(verb: str, n_nodes: int, row: dict[str, float]) -> str:
+    target = TARGETS.get((verb, n_nodes))
+    if target is None:
+        return ""
+    metric, bound, kind = target
+    ok = row[metric] >= bound if kind == "min" else row[metric] <= bound
+    sign = ">=" if kind == "min" else "<="
+    return f"{metric} {sign} {bound:g}: {'met' if ok else 'MISSED'}"
+
+
+def run(node_counts: tuple[int, ...], verbs: tuple[str, ...], seconds: float, full_nodes: bool) -> list[Row]:
+    rows = []
+    for n_nodes in node_counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            server, port = start_server(Path(tmp), n_nodes, [])
+            try:
+                objects = json.loads((Path(tmp) / "nodes.json").read_text())["items"] if full_nodes else None
+                payloads = bodies(n_nodes, 64, full_nodes=objects)
+                for verb in verbs:
+                    latencies = np.array(measure(port, verb, payloads, seconds)) * 1000
+                    stats = {
+                        "p50_ms": float(np.percentile(latencies, 50)),
+                        "p99_ms": float(np.percentile(latencies, 99)),
+                        "calls_per_s": float(len(latencies) / (latencies.sum() / 1000)),
+                    }
+                    rows.append(
+                        Row(
+                            verb=verb,
+                            nodes=n_nodes,
+                            mode="Nodes" if full_nodes else "NodeNames",
+                            calls=len(latencies),
+                            target=judge(verb, n_nodes, stats) if not full_nodes else "",
+                            **{k: round(v, 3) for k, v in stats.items()},
+                        )
+                    )
+            finally:
+                server.terminate()
+                server.wait(timeout=10)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, action="append", help="node counts (default: 100 500 1000 5000)")
+    parser.add_argument("--verb", choices=VERBS, action="append")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per verb and size")
+    parser.add_argument(
+        "--full-nodes", action="store_true", help="send full Node objects (nodeCacheCapable: false)"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = run(tuple(args.nodes or NODE_COUNTS), tuple(args.verb or VERBS), args.seconds, args.full_nodes)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=2))
+        return
+    print(
+        f"{'verb':<11} {'nodes':>6} {'mode':<9} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9}  target"
+    )
+    for r in rows:
+        print(
+            f"{r.verb:<11} {r.nodes:>6} {r.mode:<9} {r.calls:>6} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+            f"{r.calls_per_s:>9.0f}  {r.target}"
+        )
+
+
+if __name__ == "__main__":
+    main()

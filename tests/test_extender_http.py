@@ -1,0 +1,160 @@
+"""The extender over real HTTP (offline cluster): both node-cache modes, spans, bad input."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from bench import synthetic
+from plugin import keys
+
+Client = TestClient[web.Request, web.Application]
+
+
+def pending(**kwargs: Any) -> dict[str, Any]:
+    return synthetic.knative_pod("hello-abc", service="hello", namespace="shop", uid="uid-1", **kwargs)
+
+
+async def post(client: Client, verb: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = await client.post(
+        f"/scheduler/{verb}", data=data, headers={"Content-Type": "application/json"}
+    )
+    return response.status, await response.json()
+
+
+async def test_filter_with_node_names(offline_client: Client) -> None:
+    status, result = await post(
+        offline_client, "filter", {"Pod": pending(), "Nodes": None, "NodeNames": ["roomy", "full", "gpu"]}
+    )
+    assert status == 200
+    assert result["NodeNames"] == ["roomy"]
+    assert result["Nodes"] is None
+    assert result["FailedNodes"]["full"].startswith("insufficient cpu")
+    assert "untolerated taint nvidia.com/gpu" in result["FailedAndUnresolvableNodes"]["gpu"]
+    assert result["Error"] == ""
+    assert set(result) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+async def test_filter_with_full_nodes_answers_full_nodes(
+    offline_client: Client, small_cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+) -> None:
+    nodes, _ = small_cluster
+    stranger = synthetic.node("stranger", cpu="2", memory="4Gi")  # not in the cache: judged from the object
+    body = {"Pod": pending(), "Nodes": {"metadata": {}, "items": [*nodes, stranger]}, "NodeNames": None}
+    status, result = await post(offline_client, "filter", body)
+    assert status == 200
+    assert result["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["roomy", "stranger"]
+    assert result["Nodes"]["items"][0] == nodes[0]  # echoed unchanged
+    assert set(result["FailedNodes"]) == {"full"}
+
+
+async def test_unknown_node_names_fail_with_a_reason(offline_client: Client) -> None:
+    status, result = await post(offline_client, "filter", {"Pod": pending(), "NodeNames": ["roomy", "ghost"]})
+    assert status == 200
+    assert result["NodeNames"] == ["roomy"]
+    assert "unknown" in result["FailedNodes"]["ghost"]
+
+
+async def test_prioritize_scores_0_to_10(offline_client: Client) -> None:
+    body = {
+        "Pod": pending(
+            image=synthetic.image_ref(1), tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]
+        ),
+        "NodeNames": ["roomy", "full", "gpu", "ghost"],
+    }
+    status, result = await post(offline_client, "prioritize", body)
+    assert status == 200
+    scores = {entry["Host"]: entry["Score"] for entry in result}
+    assert set(scores) == {"roomy", "full", "gpu"}  # unknown nodes get nothing
+    assert all(isinstance(s, int) and 0 <= s <= 10 for s in scores.values())
+    assert scores["full"] == 0  # infeasible here
+    assert (scores["roomy"], scores["gpu"]) == (10, 0)  # roomy holds the image; otherwise alike
+
+
+async def test_prioritize_in_full_nodes_mode(
+    offline_client: Client, small_cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+) -> None:
+    nodes, _ = small_cluster
+    tolerating = pending(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}], gpus=1)
+    status, result = await post(offline_client, "prioritize", {"Pod": tolerating, "Nodes": {"items": nodes}})
+    assert status == 200
+    assert {e["Host"]: e["Score"] for e in result} == {"roomy": 0, "full": 0, "gpu": 5}  # gpu alone feasible
+
+
+async def test_bind_offline_assumes_the_pod(offline_client: Client) -> None:
+    await post(offline_client, "filter", {"Pod": pending(cpu="2"), "NodeNames": ["roomy"]})
+    status, result = await post(
+        offline_client,
+        "bind",
+        {"PodName": "hello-abc", "PodNamespace": "shop", "PodUID": "uid-1", "Node": "roomy"},
+    )
+    assert (status, result) == (200, {"Error": ""})
+    ready = await (await offline_client.get("/readyz")).json()
+    assert ready["ready"] is True
+
+
+async def test_spans_carry_the_decision(offline_client: Client, spans: InMemorySpanExporter) -> None:
+    body = {
+        "Pod": pending(priority="critical", image=synthetic.image_ref(1)),
+        "NodeNames": ["roomy", "full", "gpu"],
+    }
+    await post(offline_client, "prioritize", body)
+    (span,) = [s for s in spans.get_finished_spans() if s.name == "kdrl.extender.prioritize"]
+    attributes = dict(span.attributes or {})
+    assert attributes["k8s.pod.name"] == "hello-abc"
+    assert attributes["kdrl.function"] == "shop/hello"
+    assert attributes["kdrl.priority"] == "critical"
+    assert attributes["kdrl.policy"] == "kube-default"
+    assert attributes["kdrl.candidates"] == 3
+    assert attributes["kdrl.feasible"] == 1
+    assert attributes["kdrl.best_node"] == "roomy"
+    assert next(iter(attributes["kdrl.top_scores"])).startswith("roomy=")  # type: ignore[arg-type]
+    assert attributes["kdrl.snapshot.age_s"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "complaint"),
+    [
+        ("filter", b"{not json", "not valid JSON"),
+        ("filter", [], "expected a JSON object"),
+        ("prioritize", {"Pod": pending(), "NodeNames": "roomy"}, "NodeNames"),
+        ("filter", {"Pod": pending(cpu="1e12"), "NodeNames": ["roomy"]}, "larger than any real node"),
+        ("filter", {"Pod": pending(memory="-1Gi"), "NodeNames": ["roomy"]}, "negative"),
+        ("prioritize", {"Pod": {"metadata": {"name": 5}}, "NodeNames": []}, "pod.metadata.name"),
+        ("bind", {"PodName": "p"}, "Node is required"),
+    ],
+)
+async def test_bad_input_is_a_400_that_says_why(
+    offline_client: Client, verb: str, body: Any, complaint: str
+) -> None:
+    status, result = await post(offline_client, verb, body)
+    assert status == 400
+    assert complaint in result["Error"]
+
+
+async def test_oversized_body_is_413(offline_client: Client) -> None:
+    limit = offline_client.app[keys.SETTINGS].server.max_body_bytes
+    status, result = await post(offline_client, "filter", b" " * (limit + 1))
+    assert status == 413
+    assert "larger than" in result["Error"]
+
+
+async def test_health(offline_client: Client) -> None:
+    assert (await offline_client.get("/healthz")).status == 200
+    response = await offline_client.get("/readyz")
+    assert response.status == 200
+    detail = await response.json()
+    assert detail == {
+        "ready": True,
+        "mode": "offline",
+        "nodes": 3,
+        "snapshot_age_s": 0.0,
+        "policy": "kube-default",
+    }

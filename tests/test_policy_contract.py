@@ -1,0 +1,78 @@
+"""The contract every placement policy keeps: one finite score per node, deterministic, pure."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from bench import synthetic
+from plugin import convert
+from plugin.cluster import ClusterCache
+from policies import heuristics
+from policies.placement import PlacementPolicy
+from policies.types import NodeTable, PodRequest
+
+POLICY_FACTORIES: dict[str, Callable[[], PlacementPolicy]] = {
+    name: (lambda name=name: heuristics.by_name(name, seed=7)) for name in heuristics.HEURISTIC_NAMES
+}
+
+
+@pytest.fixture(scope="module")
+def table() -> NodeTable:
+    nodes, pods = synthetic.cluster(60, seed=3)
+    return ClusterCache.from_objects(nodes, pods).snapshot.nodes
+
+
+@pytest.fixture(scope="module")
+def pod() -> PodRequest:
+    return convert.pod_request(synthetic.knative_pod("p", service="s", image=synthetic.image_ref(4)))
+
+
+@pytest.fixture(params=sorted(POLICY_FACTORIES))
+def policy(request: pytest.FixtureRequest) -> PlacementPolicy:
+    return POLICY_FACTORIES[request.param]()
+
+
+def test_is_a_placement_policy(policy: PlacementPolicy) -> None:
+    assert isinstance(policy, PlacementPolicy)
+    assert policy.name in heuristics.HEURISTIC_NAMES
+
+
+def test_one_finite_score_per_node(policy: PlacementPolicy, pod: PodRequest, table: NodeTable) -> None:
+    scores = policy.score(pod, table)
+    assert scores.shape == (len(table),)
+    assert np.isfinite(scores).all()
+
+
+def test_deterministic(policy: PlacementPolicy, pod: PodRequest, table: NodeTable) -> None:
+    np.testing.assert_array_equal(policy.score(pod, table), policy.score(pod, table))
+
+
+def test_inputs_untouched(policy: PlacementPolicy, pod: PodRequest, table: NodeTable) -> None:
+    before = copy.deepcopy(table)
+    policy.score(pod, table)
+    for column in ("cpu_requested", "memory_requested", "pod_count", "cpu_allocatable"):
+        np.testing.assert_array_equal(getattr(table, column), getattr(before, column))
+    assert list(table.images) == list(before.images) and list(table.labels) == list(before.labels)
+
+
+def test_empty_table(policy: PlacementPolicy, pod: PodRequest) -> None:
+    assert policy.score(pod, NodeTable.empty()).shape == (0,)
+
+
+def test_one_node(policy: PlacementPolicy, pod: PodRequest, table: NodeTable) -> None:
+    assert policy.score(pod, table.take([0])).shape == (1,)
+
+
+def test_scores_do_not_depend_on_other_candidates_order(
+    policy: PlacementPolicy, pod: PodRequest, table: NodeTable
+) -> None:
+    if policy.name == "random":
+        pytest.skip("random scores follow row order by design")
+    reversed_rows = np.arange(len(table))[::-1]
+    np.testing.assert_array_equal(
+        policy.score(pod, table.take(reversed_rows)), policy.score(pod, table)[::-1]
+    )
