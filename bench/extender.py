@@ -3,7 +3,8 @@
 Starts `kdrl serve` offline (a subprocess) on a synthetic cluster of N nodes, then this
 process plays kube-scheduler: one keep-alive connection, one call at a time (the scheduling
 cycle is sequential), distinct pending pods, all N node names in a shuffled order
-(`nodeCacheCapable: true`; the worst case, as the scheduler may send fewer). Prints p50/p99 latency and calls per second.
+(`nodeCacheCapable: true`; the worst case, as the scheduler may send fewer). Prints p50/p99
+latency and calls per second.
 
     python -m bench.extender                 # the table
     python -m bench.extender --json          # the same as JSON
@@ -233,7 +234,8 @@ def main() -> None:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return
     print(
-        f"{'verb':<11} {'nodes':>6} {'mode':<9} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9}  target"
+        f"{'verb':<11} {'nodes':>6} {'mode':<9} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'calls/s':>9}  target"
     )
     for r in rows:
         print(
