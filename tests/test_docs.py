@@ -18,7 +18,9 @@ def fenced_commands() -> list[str]:
 
 def test_ci_runs_the_readme_test_command() -> None:
     test_command = fenced_commands()[1]
-    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and line[0] not in "#"]
+    ci_lines = [
+        line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and line[0] not in "#"
+    ]
     assert test_command in ci_lines
 
 
