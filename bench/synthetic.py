@@ -131,7 +131,8 @@ def cluster(
     """`n_nodes` heterogeneous nodes and Knative pods filling them to about `load` of CPU."""
     rng = random.Random(seed)
     sizes = [int(rng.lognormvariate(5.5, 0.8) * MiB) for _ in range(n_images)]  # median ~245 MiB
-    nodes, pods = [], []
+    nodes: list[Obj] = []
+    pods: list[Obj] = []
     for i in range(n_nodes):
         pool, _, cpu, mem, gpus = rng.choices(POOLS, weights=[p[1] for p in POOLS])[0]
         cached = rng.sample(range(n_images), k=min(n_images, rng.randint(5, KUBELET_MAX_IMAGES - 1)))

@@ -18,12 +18,18 @@ OTLP_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDP
 
 
 def setup(env: Mapping[str, str]) -> TracerProvider:
-    """Install the global tracer provider (`OTEL_SERVICE_NAME` defaults to kdrl)."""
+    """Build and install the global tracer provider; the caller shuts it down at exit."""
+    provider = tracer_provider(env)
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def tracer_provider(env: Mapping[str, str]) -> TracerProvider:
+    """A provider for `kdrl` (or `OTEL_SERVICE_NAME`), exporting over OTLP/HTTP when configured."""
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", "kdrl")})
     provider = TracerProvider(resource=resource)
     if any(env.get(v) for v in OTLP_VARIABLES):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(provider)
     return provider
