@@ -60,40 +60,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(directory: Path, n_nodes: int, extra: list[str]) -> tuple[subprocess.Popen[bytes], int]:
-    nodes, pods = synthetic.cluster(n_nodes, seed=n_nodes)
-    (directory / "nodes.json").write_text(json.dumps(synthetic.as_list("Node", nodes)))
-    (directory / "pods.json").write_text(json.dumps(synthetic.as_list("Pod", pods)))
+def serve_offline(
+    nodes: Path, pods: Path, *extra: str, env: dict[str, str] | None = None, capture_logs: bool = False
+) -> tuple[subprocess.Popen[bytes], int, dict[str, object]]:
+    """`kdrl serve` offline in a subprocess on a free port; returns once `/readyz` says ready.
+
+    With `capture_logs`, its stderr is a pipe the caller must drain (`communicate`)."""
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "plugin",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--nodes",
-        str(directory / "nodes.json"),
-        "--pods",
-        str(directory / "pods.json"),
-        "--log-level",
-        "WARNING",
-        *extra,
-    ]
-    server = subprocess.Popen(command, env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
+    command = [sys.executable, "-m", "plugin", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--nodes", str(nodes), "--pods", str(pods), *extra]
+    stderr = subprocess.PIPE if capture_logs else None
+    server = subprocess.Popen(command, env={**os.environ, **(env or {})}, stderr=stderr)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and server.poll() is None:
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             connection.request("GET", "/readyz")
-            if connection.getresponse().status == 200:
-                return server, port
+            response = connection.getresponse()
+            if response.status == 200:
+                return server, port, json.loads(response.read())
         except OSError:
-            time.sleep(0.1)
+            time.sleep(0.05)
     server.kill()
     raise RuntimeError("kdrl serve did not become ready")
+
+
+def start_server(directory: Path, n_nodes: int) -> tuple[subprocess.Popen[bytes], int]:
+    nodes, pods = synthetic.cluster(n_nodes, seed=n_nodes)
+    (directory / "nodes.json").write_text(json.dumps(synthetic.as_list("Node", nodes)))
+    (directory / "pods.json").write_text(json.dumps(synthetic.as_list("Pod", pods)))
+    server, port, _ = serve_offline(
+        directory / "nodes.json", directory / "pods.json", "--log-level", "WARNING"
+    )
+    return server, port
 
 
 def bodies(n_nodes: int, count: int, *, full_nodes: list[dict[str, object]] | None) -> list[bytes]:
@@ -192,7 +191,7 @@ def run(node_counts: tuple[int, ...], verbs: tuple[str, ...], seconds: float, fu
     rows = []
     for n_nodes in node_counts:
         with tempfile.TemporaryDirectory() as tmp:
-            server, port = start_server(Path(tmp), n_nodes, [])
+            server, port = start_server(Path(tmp), n_nodes)
             try:
                 objects = json.loads((Path(tmp) / "nodes.json").read_text())["items"] if full_nodes else None
                 payloads = bodies(n_nodes, 64, full_nodes=objects)

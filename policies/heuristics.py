@@ -139,22 +139,19 @@ class WeightedSumPolicy:
 
 def kube_default() -> WeightedSumPolicy:
     """The default profile's resource and image scoring, with its weights (all 1)."""
-    return WeightedSumPolicy(
-        name="kube-default",
-        parts=(
-            ("NodeResourcesFit", 1.0, least_allocated),
-            ("NodeResourcesBalancedAllocation", 1.0, balanced_allocation),
-            ("ImageLocality", 1.0, image_locality),
-        ),
-    )
+    return _default_profile("kube-default", least_allocated)
 
 
 def most_allocated_policy() -> WeightedSumPolicy:
     """The upstream bin-packing profile: NodeResourcesFit's strategy set to MostAllocated."""
+    return _default_profile("most-allocated", most_allocated)
+
+
+def _default_profile(name: str, fit: TermFunction) -> WeightedSumPolicy:
     return WeightedSumPolicy(
-        name="most-allocated",
+        name=name,
         parts=(
-            ("NodeResourcesFit", 1.0, most_allocated),
+            ("NodeResourcesFit", 1.0, fit),
             ("NodeResourcesBalancedAllocation", 1.0, balanced_allocation),
             ("ImageLocality", 1.0, image_locality),
         ),

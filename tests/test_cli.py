@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from bench import extender as extender_bench
 from plugin import cli
 from tests.conftest import EXAMPLES
 
@@ -60,42 +55,12 @@ def test_serve_rejects_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
     assert "KDRL_PORT='-1'" in capsys.readouterr().err
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_serve_offline_as_a_process() -> None:
-    port = free_port()
-    env = {**os.environ, "KDRL_LOG_FORMAT": "json"}
-    args = [
-        sys.executable,
-        "-m",
-        "plugin",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--nodes",
-        str(EXAMPLES / "nodes.json"),
-        "--pods",
-        str(EXAMPLES / "pods.json"),
-    ]
-    process = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        detail = None
-        for _ in range(200):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
-                    detail = json.loads(response.read())
-                    break
-            except OSError:
-                time.sleep(0.05)
-        assert detail is not None and detail["ready"] and detail["nodes"] == 12
-    finally:
-        process.terminate()
-        _, err = process.communicate(timeout=10)
-    assert process.returncode == 0
-    assert all(json.loads(line)["level"] for line in err.splitlines() if line.strip())
+    server, _, detail = extender_bench.serve_offline(
+        EXAMPLES / "nodes.json", EXAMPLES / "pods.json", env={"KDRL_LOG_FORMAT": "json"}, capture_logs=True
+    )
+    server.terminate()
+    _, err = server.communicate(timeout=10)
+    assert detail["ready"] and detail["nodes"] == 12
+    assert server.returncode == 0
+    assert all(json.loads(line)["level"] for line in err.decode().splitlines() if line.strip())
