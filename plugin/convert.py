@@ -8,6 +8,7 @@ do: talk to the API server, or decide anything.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Mapping
@@ -95,9 +96,15 @@ def priority_of(annotations: Mapping[str, str], who: str) -> Priority:
     try:
         return Priority(raw.strip().lower())
     except ValueError:
-        known = "|".join(p.value for p in Priority)
-        logger.warning("%s: %s=%r is not one of %s; using normal", who, PRIORITY_ANNOTATION, raw, known)
+        _warn_unknown_priority(who, raw)
         return Priority.NORMAL
+
+
+@functools.lru_cache(maxsize=1024)
+def _warn_unknown_priority(who: str, raw: str) -> None:
+    """Once per pod and value: the watch sees the same pod many times."""
+    known = "|".join(p.value for p in Priority)
+    logger.warning("%s: %s=%r is not one of %s; using normal", who, PRIORITY_ANNOTATION, raw, known)
 
 
 def normalize_image(reference: str) -> str:
