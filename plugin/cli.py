@@ -1,4 +1,5 @@
-"""The `kdrl` command line: `serve` runs the service, `score` explains one placement.
+"""The `kdrl` command line: `serve` runs the service, `score` explains one placement,
+`simulate` compares policies on a trace.
 
 This is the entrypoint: the only place that reads the process environment, sets up logging
 and the OpenTelemetry SDK, and turns errors into exit codes (2 for bad settings or input).
@@ -18,11 +19,15 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+from rich.console import Console
+from rich.progress import Progress, TimeElapsedColumn
+from rich.table import Table
 
 from plugin import app, convert, logs, objectfiles, settings, telemetry
 from plugin.cluster import ClusterCache
-from plugin.errors import KdrlError
+from plugin.errors import KdrlError, SettingsError
 from policies import heuristics, ranking
+from simulator import clusterspec, compare, plots, traces
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,33 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     score.add_argument("--json", action="store_true", help="print JSON instead of a table")
     score.set_defaults(run=_score)
+
+    simulate = commands.add_parser(
+        "simulate", help="compare policies on a trace in the simulator", description=_simulate.__doc__
+    )
+    simulate.add_argument(
+        "--trace", type=Path, default=compare.BUNDLED_TRACE, help="trace folder (default: bundled slice)"
+    )
+    simulate.add_argument(
+        "--population", choices=traces.POPULATIONS, help="only this population (default: both)"
+    )
+    simulate.add_argument("--functions", type=int, help="a seeded selection of N functions")
+    simulate.add_argument("--weighted", action="store_true", help="draw the selection by occ_ref_samples")
+    simulate.add_argument("--hours", type=float, default=24.0, help="simulated hours from the trace start")
+    simulate.add_argument("--cluster", default="medium", help="small, medium, large or a YAML file")
+    simulate.add_argument("--mode", choices=compare.MODES, default="cluster")
+    simulate.add_argument(
+        "--placement", default=",".join(compare.PLACEMENTS), help="placement policies, comma-separated"
+    )
+    simulate.add_argument(
+        "--keepalive", default=",".join(compare.KEEPALIVES), help="knative, fixed:MINUTES, hybrid"
+    )
+    simulate.add_argument("--seed", type=int, default=1)
+    simulate.add_argument(
+        "--out", type=Path, default=Path("out/simulate"), help="folder for report.json and plots"
+    )
+    simulate.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    simulate.set_defaults(run=_simulate)
     return parser
 
 
@@ -88,6 +120,78 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    """Run placement x keep-alive policies over a trace; write report.json and plots."""
+    options = compare.Options(
+        trace=args.trace,
+        population=args.population,
+        functions=args.functions,
+        weighted=args.weighted,
+        hours=args.hours,
+        cluster=args.cluster,
+        mode=args.mode,
+        placements=tuple(filter(None, args.placement.split(","))),
+        keepalives=tuple(filter(None, args.keepalive.split(","))),
+        seed=args.seed,
+    )
+    try:
+        options.validate()
+        clusterspec.load(options.cluster)
+    except (ValueError, KeyError) as error:
+        raise SettingsError(str(error).strip("'\"")) from error
+    console = Console(stderr=True)
+    runs = len(compare._jobs(options))
+    with Progress(
+        *Progress.get_default_columns(), TimeElapsedColumn(), console=console, disable=args.json
+    ) as bar:
+        task = bar.add_task(f"simulating {runs} runs", total=runs)
+        result = compare.compare(options, progress=lambda label: bar.advance(task))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.json").write_text(json.dumps(result, sort_keys=True, indent=1) + "\n")
+    plots.write_all(result, args.out)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        _print_simulation(result, args.out, Console(width=170))
+    return 0
+
+
+def _print_simulation(result: dict[str, Any], out: Path, console: Console) -> None:
+    table = Table(title=f"kdrl simulate: {result['functions']} functions, {result['config']['mode']} mode")
+    columns = [
+        ("placement", "placement"),
+        ("keep-alive", "keepalive"),
+        ("invocations", "invocations"),
+        ("cold starts", "cold_starts"),
+        ("p75 cold %", "cold_start_pct_p75"),
+        ("p75 cold % (w)", "cold_start_pct_p75_weighted"),
+        ("wasted mem", "wasted_memory_norm"),
+        ("cold p50 s", "cold_start_latency_p50_s"),
+        ("cold p99 s", "cold_start_latency_p99_s"),
+        ("CPU alloc", "cpu_alloc_utilization"),
+        ("cost $", "cost_usd"),
+        ("energy kWh", "energy_kwh"),
+    ]
+    shown = [c for c in columns if any(c[1] in r for r in result["results"])]
+    for title, _ in shown:
+        table.add_column(title, justify="right" if title not in ("placement", "keep-alive") else "left")
+    for entry in result["results"]:
+        table.add_row(*(_cell(entry.get(key)) for _, key in shown))
+    console.print(table)
+    console.print(
+        f"report and plots in {out}/ (report.json, pareto.png"
+        + (", timeline.png)" if any(result["series"].values()) else ")")
+    )
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _score(args: argparse.Namespace) -> int:

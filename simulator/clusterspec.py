@@ -1,0 +1,192 @@
+"""Cluster specs: node pools in YAML (`simulator/clusters/{small,medium,large}.yaml` or a file).
+
+Each pool: `count` nodes at start, autoscaler bounds `min`/`max`, `cpu` cores, `memory_gib`,
+`gpus`, `price_per_hour` (the spot price for `spot: true` pools), `zone` (one or a list, dealt
+round-robin), `taints`, `labels`, a `power` curve (`{model: linear, idle_watts, max_watts}` or
+`{model: specpower, watts: [11 values at 0, 10, ..., 100 % load]}`), `image_disk_gib` (the
+kubelet's image filesystem) and `pull_mib_per_s` (registry pull bandwidth). A malformed file is
+a `ClusterSpecError` naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+BUNDLED = Path(__file__).resolve().parent / "clusters"
+GiB, MiB = 1 << 30, 1 << 20
+
+
+class ClusterSpecError(ValueError):
+    """A cluster file that is missing or malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PowerCurve:
+    """Watts at 0, 10, ..., 100 % CPU utilization, interpolated linearly in between."""
+
+    watts: tuple[float, ...]
+
+    def at(self, utilization: np.ndarray) -> np.ndarray:
+        points = np.linspace(0.0, 1.0, len(self.watts))
+        watts: np.ndarray = np.interp(np.clip(utilization, 0.0, 1.0), points, self.watts)
+        return watts
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    count: int
+    min: int
+    max: int
+    cpu_milli: int
+    memory_bytes: int
+    gpus: int
+    price_per_hour: float
+    spot: bool
+    zones: tuple[str, ...]
+    taints: tuple[tuple[str, str, str], ...]  # (key, value, effect)
+    labels: tuple[tuple[str, str], ...]
+    power: PowerCurve
+    image_disk_bytes: int
+    pull_bytes_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    name: str
+    pools: tuple[Pool, ...]
+
+    @property
+    def initial_nodes(self) -> int:
+        return sum(p.count for p in self.pools)
+
+
+def load(name_or_path: str) -> ClusterSpec:
+    """A bundled spec by name (`small`, `medium`, `large`) or a YAML file."""
+    path = (
+        BUNDLED / f"{name_or_path}.yaml"
+        if "/" not in name_or_path and not name_or_path.endswith((".yaml", ".yml"))
+        else Path(name_or_path)
+    )
+    try:
+        text = path.read_text()
+    except OSError as error:
+        known = ", ".join(sorted(p.stem for p in BUNDLED.glob("*.yaml")))
+        raise ClusterSpecError(f"{path}: cannot read ({error.strerror}); bundled specs: {known}") from error
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as error:
+        raise ClusterSpecError(f"{path}: not valid YAML: {error}") from error
+    return _spec(path, root)
+
+
+def _spec(path: Path, root: Any) -> ClusterSpec:
+    top = _mapping(path, root, "cluster")
+    pools_node = _field(path, root, top, "pools")
+    if not isinstance(pools_node, yaml.SequenceNode) or not pools_node.value:
+        raise ClusterSpecError(f"{path}:{_line(pools_node)}: field pools: expected a list of pools")
+    name = _scalar(path, _field(path, root, top, "name"), "name", str)
+    pools = tuple(_pool(path, node, i) for i, node in enumerate(pools_node.value))
+    return ClusterSpec(name=name, pools=pools)
+
+
+def _pool(path: Path, node: Any, index: int) -> Pool:
+    where = f"pools[{index}]"
+    fields = _mapping(path, node, where)
+
+    def get(key: str, kind: type, default: Any = None) -> Any:
+        if key not in fields:
+            if default is None:
+                raise ClusterSpecError(f"{path}:{_line(node)}: field {where}.{key}: required")
+            return default
+        return _scalar(path, fields[key], f"{where}.{key}", kind)
+
+    count, low, high = get("count", int), get("min", int, 0), get("max", int, -1)
+    high = count if high < 0 else high
+    if not 0 <= low <= count <= high:
+        raise ClusterSpecError(f"{path}:{_line(node)}: field {where}: need 0 <= min <= count <= max")
+    numbers = {key: get(key, float) for key in ("cpu", "memory_gib", "price_per_hour")}
+    for key, value in numbers.items():
+        if value <= 0:
+            raise ClusterSpecError(f"{path}:{_line(fields[key])}: field {where}.{key}: must be positive")
+    zones = yaml.safe_load(yaml.serialize(fields["zone"])) if "zone" in fields else ["zone-a"]
+    zones = [zones] if isinstance(zones, str) else zones
+    taints = yaml.safe_load(yaml.serialize(fields["taints"])) if "taints" in fields else []
+    labels = yaml.safe_load(yaml.serialize(fields["labels"])) if "labels" in fields else {}
+    return Pool(
+        name=get("name", str),
+        count=count,
+        min=low,
+        max=high,
+        cpu_milli=int(numbers["cpu"] * 1000),
+        memory_bytes=int(numbers["memory_gib"] * GiB),
+        gpus=get("gpus", int, 0),
+        price_per_hour=numbers["price_per_hour"],
+        spot=get("spot", bool, False),
+        zones=tuple(str(z) for z in zones),
+        taints=tuple(
+            (str(t["key"]), str(t.get("value", "")), str(t.get("effect", "NoSchedule"))) for t in taints
+        ),
+        labels=tuple((str(k), str(v)) for k, v in labels.items()),
+        power=_power(path, fields.get("power"), where),
+        image_disk_bytes=int(get("image_disk_gib", float, 100.0) * GiB),
+        pull_bytes_per_s=get("pull_mib_per_s", float, 40.0) * MiB,
+    )
+
+
+def _power(path: Path, node: Any, where: str) -> PowerCurve:
+    if node is None:
+        raise ClusterSpecError(f"{path}: field {where}.power: required")
+    spec = yaml.safe_load(yaml.serialize(node))
+    line = _line(node)
+    if not isinstance(spec, dict):
+        raise ClusterSpecError(f"{path}:{line}: field {where}.power: expected a mapping")
+    if spec.get("model") == "linear":
+        idle, peak = spec.get("idle_watts"), spec.get("max_watts")
+        if not isinstance(idle, (int, float)) or not isinstance(peak, (int, float)) or not 0 <= idle <= peak:
+            raise ClusterSpecError(f"{path}:{line}: field {where}.power: need 0 <= idle_watts <= max_watts")
+        return PowerCurve(watts=tuple(float(w) for w in np.linspace(idle, peak, 11)))
+    if spec.get("model") == "specpower":
+        watts = spec.get("watts")
+        if (
+            not isinstance(watts, list)
+            or len(watts) != 11
+            or not all(isinstance(w, (int, float)) for w in watts)
+        ):
+            raise ClusterSpecError(
+                f"{path}:{line}: field {where}.power.watts: expected 11 numbers (0..100 %)"
+            )
+        return PowerCurve(watts=tuple(float(w) for w in watts))
+    raise ClusterSpecError(f"{path}:{line}: field {where}.power.model: expected linear or specpower")
+
+
+def _mapping(path: Path, node: Any, where: str) -> dict[str, Any]:
+    if not isinstance(node, yaml.MappingNode):
+        raise ClusterSpecError(f"{path}:{_line(node)}: field {where}: expected a mapping")
+    return {key.value: value for key, value in node.value}
+
+
+def _field(path: Path, parent: Any, fields: dict[str, Any], key: str) -> Any:
+    if key not in fields:
+        raise ClusterSpecError(f"{path}:{_line(parent)}: field {key}: required")
+    return fields[key]
+
+
+def _scalar(path: Path, node: Any, where: str, kind: type) -> Any:
+    value = yaml.safe_load(yaml.serialize(node)) if node is not None else None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ClusterSpecError(
+            f"{path}:{_line(node)}: field {where}: expected {kind.__name__}, got {value!r}"
+        )
+    return value
+
+
+def _line(node: Any) -> int:
+    return int(node.start_mark.line) + 1 if node is not None and hasattr(node, "start_mark") else 1

@@ -1,0 +1,171 @@
+"""Run placement x keep-alive combinations on one workload and gather the report.
+
+Runs are independent (each seeded from the run seed alone), so they go to worker processes
+and the report is identical however many there are.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from policies import heuristics
+from simulator import clusterspec, engine, keepalive, report, study, traces, workload
+
+BUNDLED_TRACE = Path(__file__).resolve().parent / "data" / "azure2019_slice"
+PLACEMENTS = heuristics.HEURISTIC_NAMES
+KEEPALIVES = ("knative", "fixed:10", "hybrid")
+MODES = ("cluster", "keepalive")
+
+
+@dataclass(frozen=True)
+class Options:
+    trace: Path = BUNDLED_TRACE
+    population: str | None = None  # heavy | light | None for both
+    functions: int | None = None  # a seeded selection of this many; None: all
+    weighted: bool = False  # draw the selection by occ_ref_samples
+    hours: float = 24.0
+    cluster: str = "medium"
+    mode: str = "cluster"
+    placements: tuple[str, ...] = PLACEMENTS
+    keepalives: tuple[str, ...] = KEEPALIVES
+    seed: int = 1
+    workers: int = 0  # 0: one per CPU
+
+    def validate(self) -> None:
+        """Fail before any work: unknown names, absurd numbers."""
+        if self.mode not in MODES:
+            raise ValueError(f"--mode {self.mode!r}: expected cluster or keepalive")
+        if self.population not in (None, *traces.POPULATIONS):
+            raise ValueError(f"--population {self.population!r}: expected heavy or light")
+        if not 0 < self.hours <= 24:
+            raise ValueError(f"--hours {self.hours}: expected 0 < hours <= 24 (one trace day)")
+        if self.functions is not None and self.functions <= 0:
+            raise ValueError(f"--functions {self.functions}: expected a positive number")
+        for name in self.placements:
+            heuristics.by_name(name)
+        for name in self.keepalives:
+            keepalive.by_name(name)
+
+
+def select(trace: traces.Trace, options: Options) -> traces.Trace:
+    """The functions and hours the options ask for."""
+    rows = np.arange(len(trace))
+    if options.population:
+        rows = rows[np.asarray(trace.populations)[rows] == options.population]
+    if options.functions is not None and options.functions < rows.size:
+        rng = np.random.default_rng(options.seed)
+        weights = trace.weights[rows] if options.weighted else np.ones(rows.size)
+        eligible = rows[weights > 0]
+        count = min(options.functions, eligible.size)
+        p = weights[weights > 0] / weights[weights > 0].sum()
+        rows = np.sort(rng.choice(eligible, size=count, replace=False, p=p))
+    elif options.weighted:
+        rows = rows[trace.weights[rows] > 0]
+    return trace.subset(rows).window(0, int(round(options.hours * 60)))
+
+
+def compare(options: Options, *, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """The report: one entry per combination, plus series for the plots and decision timings."""
+    options.validate()
+    trace = select(traces.load(options.trace), options)
+    jobs = _jobs(options)
+    workers = min(options.workers or os.cpu_count() or 1, len(jobs))
+    runner = _run_study if options.mode == "keepalive" else _run_cluster
+    results: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for entry in pool.map(runner, [trace] * len(jobs), jobs, [options] * len(jobs)):
+            results.append(entry)
+            progress(f"{entry['placement'] or '-'} x {entry['keepalive']}")
+    report.normalise_wasted(results)
+    timings = {f"{r['placement']} x {r['keepalive']}": r.pop("decision_time_us", None) for r in results}
+    series = {f"{r['placement']} x {r['keepalive']}": r.pop("series", None) for r in results}
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items() if k != "workers"}
+    config["trace"] = options.trace.name
+    return {
+        "config": config,
+        "functions": len(trace),
+        "results": results,
+        "series": series,
+        "timings": timings,
+    }
+
+
+def _jobs(options: Options) -> list[tuple[str | None, str]]:
+    keepalives = list(options.keepalives)
+    if "fixed:10" not in keepalives:
+        keepalives.append("fixed:10")  # the normalisation reference for wasted memory
+    if options.mode == "keepalive":
+        return [(None, k) for k in keepalives]
+    return [(p, k) for p in options.placements for k in keepalives]
+
+
+def _run_study(trace: traces.Trace, job: tuple[str | None, str], options: Options) -> dict[str, Any]:
+    _, keepalive_name = job
+    outcome = study.run(study.IdlePeriods.from_counts(trace.counts), keepalive.by_name(keepalive_name))
+    entry = _head(job, options)
+    entry.update(report.study_entry(outcome, trace.memory_mb[:, 3], trace.weights))
+    entry["populations"] = {
+        population: report.study_entry(_only(outcome, rows), trace.memory_mb[rows, 3], trace.weights[rows])
+        for population, rows in _population_rows(trace)
+    }
+    return entry
+
+
+def _run_cluster(trace: traces.Trace, job: tuple[str | None, str], options: Options) -> dict[str, Any]:
+    placement_name, keepalive_name = job
+    assert placement_name is not None
+    simulation = engine.Simulation(
+        workload=workload.build(trace, seed=options.seed),
+        counts=trace.counts,
+        cluster=clusterspec.load(options.cluster),
+        placement=heuristics.by_name(placement_name, seed=options.seed),
+        keepalive=keepalive.by_name(keepalive_name),
+        seed=options.seed,
+    )
+    result = simulation.run()
+    entry = _head(job, options)
+    entry.update(report.cluster_entry(result, trace.weights, trace.minutes * 60.0))
+    entry["populations"] = {
+        population: report.cold_start_summary(
+            result.invocations[rows], result.cold_starts[rows], trace.weights[rows]
+        )
+        for population, rows in _population_rows(trace)
+    }
+    decisions = np.asarray(result.decision_us)
+    entry["decision_time_us"] = {
+        "decisions": int(decisions.size),
+        "p50": float(np.percentile(decisions, 50)) if decisions.size else None,
+        "p99": float(np.percentile(decisions, 99)) if decisions.size else None,
+    }
+    entry["series"] = {name: values[::10] for name, values in result.series.items()}  # every 10 minutes
+    return entry
+
+
+def _head(job: tuple[str | None, str], options: Options) -> dict[str, Any]:
+    placement_name, keepalive_name = job
+    return {
+        "placement": placement_name,
+        "keepalive": keepalive_name,
+        "population": options.population or "all",
+        "mode": options.mode,
+    }
+
+
+def _population_rows(trace: traces.Trace) -> Sequence[tuple[str, np.ndarray]]:
+    populations = np.asarray(trace.populations)
+    return [(p, np.flatnonzero(populations == p)) for p in traces.POPULATIONS if (populations == p).any()]
+
+
+def _only(outcome: study.Outcome, rows: np.ndarray) -> study.Outcome:
+    return study.Outcome(
+        invocations=outcome.invocations[rows],
+        cold_starts=outcome.cold_starts[rows],
+        wasted_minutes=outcome.wasted_minutes[rows],
+    )

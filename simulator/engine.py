@@ -1,0 +1,357 @@
+"""Cluster mode: a Knative cluster driven by a trace, one second at a time.
+
+Per revision, requests arrive each second (the trace's per-minute count spread over the minute
+by a seeded multinomial: a Poisson process given its count) and stay in flight for a duration
+drawn from the function's percentiles. Busy functions are thereby simulated in aggregate
+(per-second arrivals and concurrency); cold-start accounting is per request all the same: a
+request that finds no ready pod waits in the activator until one is ready, and that wait is
+its cold start. The KPA (`knative`) turns concurrency into desired pods; keep-alive policies
+act as Knative operators would, by raising `min-scale` over the windows they choose.
+
+A new pod is placed by the `PlacementPolicy` through the shared filter, like the extender
+does, and starts after: scheduling, the image pull when the node lacks the image, container
+start and runtime init (`StartupConfig`). Nodes come and go with the autoscaler (`nodes`).
+Deterministic for a seed; the only wall-clock reading is the policy's decision time, which is
+reported apart (`RunResult.decision_us`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from policies import ranking
+from policies.placement import PlacementPolicy
+from policies.types import PodRequest, Priority, Toleration
+from simulator import study
+from simulator.clusterspec import ClusterSpec
+from simulator.keepalive import KeepAlivePolicy
+from simulator.knative import Autoscaler, AutoscalerConfig
+from simulator.nodes import Nodes
+from simulator.workload import FunctionSpec, Workload
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+MiB = 1024 * 1024
+QUEUE_PROXY_IMAGE = "gcr.io/knative-releases/knative.dev/serving/cmd/queue@sha256:queue-proxy"
+QUEUE_PROXY_BYTES = 30 * MiB  # pulled by every node when Knative is installed
+QUEUE_PROXY_CPU_MILLI = 25  # queue-proxy's default CPU request
+COMPLETION_RING_S = 3600  # longest modelled request; longer ones are cut to an hour
+METRICS_EVERY_S = 10
+LATENCY_BIN_S = 0.05
+LATENCY_BINS = 24_000  # 0..1200 s
+
+
+@dataclass(frozen=True, slots=True)
+class StartupConfig:
+    """Pod start, beyond the image pull. A cached helloworld scales from zero in 2-4 s
+    (knative/serving issues, kperf; baselines.md), and the pod-startup SLO excluding pulls is
+    p99 <= 5 s (sig-scalability): we take 2.5 s for container start plus runtime init."""
+
+    scheduling_s: float = 0.05  # scheduler cycle with an HTTP extender (~1 ms here) and the bind
+    container_start_s: float = 1.0  # sandbox and container creation
+    runtime_init_s: float = 1.5  # language runtime and queue-proxy readiness
+
+
+@dataclass(slots=True)
+class _Pod:
+    function: int
+    node: int
+    ready_at: float
+    alive: bool = True
+    ready: bool = False
+
+
+@dataclass
+class RunResult:
+    """Everything `report` needs, as plain arrays and numbers."""
+
+    invocations: IntArray  # per function
+    cold_starts: IntArray  # per function: requests that found no ready pod
+    wasted_mb_s: FloatArray  # per function: memory of idle ready pods over time
+    latency_hist: dict[Priority, FloatArray]  # start-delay histograms of cold requests per class
+    warm_requests: dict[Priority, int]
+    pulls: int
+    pods_started: int
+    energy_j: float
+    cost_usd: float
+    series: dict[str, list[float]]  # per minute: nodes, cpu/memory allocation, watts
+    decision_us: list[float] = field(default_factory=list)
+
+
+def pod_request(spec: FunctionSpec) -> PodRequest:
+    namespace = spec.service.split("/", 1)[0]
+    cpu = spec.cpu_milli + QUEUE_PROXY_CPU_MILLI
+    return PodRequest(
+        namespace=namespace,
+        name=f"{spec.revision}-deployment",
+        function=spec.service,
+        revision=spec.revision,
+        priority=spec.priority,
+        cpu_milli=cpu,
+        memory_bytes=spec.memory_bytes,
+        gpu=spec.gpu,
+        cpu_milli_nonzero=cpu,
+        memory_bytes_nonzero=spec.memory_bytes,
+        images=(spec.image, QUEUE_PROXY_IMAGE),
+        tolerations=(Toleration(key="nvidia.com/gpu", operator="Exists"),) if spec.gpu else (),
+    )
+
+
+class Simulation:
+    """One run: a workload on a cluster under a placement and a keep-alive policy."""
+
+    def __init__(
+        self,
+        *,
+        workload: Workload,
+        counts: IntArray,
+        cluster: ClusterSpec,
+        placement: PlacementPolicy,
+        keepalive: KeepAlivePolicy,
+        seed: int,
+        autoscaler: AutoscalerConfig | None = None,
+        startup: StartupConfig | None = None,
+    ) -> None:
+        self.workload, self.counts, self.placement = workload, counts, placement
+        self.startup = startup or StartupConfig()
+        self.rng = np.random.default_rng(seed)
+        self.functions = workload.functions
+        n = len(self.functions)
+        self.requests = [pod_request(f) for f in self.functions]
+        self.image_of = {f.service: f.image for f in self.functions}
+        self.memory_mb = np.array([f.memory_bytes / MiB for f in self.functions])
+        self.targets = np.array([f.concurrency_target for f in self.functions])
+        self.kpa = Autoscaler(self.targets, autoscaler or AutoscalerConfig())
+        self.nodes = Nodes(cluster)
+        for cache in self.nodes.caches:
+            cache.ready_time(QUEUE_PROXY_IMAGE, QUEUE_PROXY_BYTES, -1e9, 1.0)
+        self.pods: list[_Pod] = []
+        self.by_function: list[list[int]] = [[] for _ in range(n)]
+        self.ready = np.zeros(n, dtype=np.int64)
+        self.current = np.zeros(n, dtype=np.int64)
+        self.inflight = np.zeros(n)
+        self.completions = np.zeros((COMPLETION_RING_S, n))
+        self.buffered: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        self.pending: list[int] = []  # functions with a pod waiting for room
+        self.room_changed = False  # a pod left or a node joined since pending pods last tried
+        self._stuck_now: set[int] = set()
+        self.starting: list[tuple[float, int]] = []  # heap of (ready_at, pod id)
+        self.min_scale_events: list[tuple[float, int, int]] = []  # heap of (time, function, +1/-1)
+        self.min_scale_votes = np.zeros(n, dtype=np.int64)
+        periods = study.IdlePeriods.from_counts(counts)
+        self.prewarm, self.keepalive = keepalive.windows(periods.minutes, periods.offsets)
+        self.next_period = periods.offsets[:-1].copy()
+        priorities = list(Priority)
+        self.result = RunResult(
+            invocations=counts.sum(axis=1),
+            cold_starts=np.zeros(n, dtype=np.int64),
+            wasted_mb_s=np.zeros(n),
+            latency_hist={p: np.zeros(LATENCY_BINS) for p in priorities},
+            warm_requests=dict.fromkeys(priorities, 0),
+            pulls=0,
+            pods_started=0,
+            energy_j=0.0,
+            cost_usd=0.0,
+            series={"minute": [], "nodes": [], "cpu_allocation": [], "memory_allocation": [], "watts": []},
+        )
+
+    def run(self) -> RunResult:
+        minutes = self.counts.shape[1]
+        for minute in range(minutes):
+            arrivals = self._arrivals(minute)
+            for second in range(60):
+                self._step(minute * 60 + second, arrivals[:, second])
+            self._record_minute(minute)
+        self._finish(minutes * 60.0)
+        return self.result
+
+    # -- one second -------------------------------------------------------------------
+    def _arrivals(self, minute: int) -> IntArray:
+        counts = self.counts[:, minute]
+        per_second = self.rng.multinomial(counts, np.full(60, 1 / 60))
+        invoked = np.flatnonzero(counts)
+        last_second = 59 - np.argmax(per_second[invoked, ::-1] > 0, axis=1)
+        for function, last in zip(invoked.tolist(), last_second.tolist()):
+            self._open_window(function, minute * 60.0 + last + 0.5)
+        return per_second
+
+    def _open_window(self, function: int, last_arrival: float) -> None:
+        """The keep-alive policy's windows after this invocation minute, as min-scale votes."""
+        period = self.next_period[function]
+        self.next_period[function] += 1
+        prewarm, keepalive = self.prewarm[period] * 60.0, self.keepalive[period] * 60.0
+        if keepalive > 0:
+            heapq.heappush(self.min_scale_events, (last_arrival + prewarm, function, 1))
+            heapq.heappush(self.min_scale_events, (last_arrival + prewarm + keepalive, function, -1))
+
+    def _step(self, t: int, arrivals: IntArray) -> None:
+        now = float(t)
+        self._stuck_now = set()  # functions whose pod found no room this second
+        self._start_ready_pods(now + 0.5)
+        self._apply_min_scale(now)
+        slot = t % COMPLETION_RING_S
+        self.inflight -= self.completions[slot]
+        self.completions[slot] = 0.0
+        active = np.flatnonzero(arrivals)
+        if active.size:
+            self._admit(now, active, arrivals[active])
+        self.kpa.observe(self.inflight)
+        idle_pods = self.ready - np.minimum(self.ready, np.ceil(np.round(self.inflight / self.targets, 9)))
+        self.result.wasted_mb_s += idle_pods * self.memory_mb
+        if t % self.kpa.config.tick_s == 0:
+            self._scale(now)
+        if self.pending and (self.room_changed or t % METRICS_EVERY_S == 0):
+            self._place_pending(now)
+        if t % METRICS_EVERY_S == 0:
+            self._account(now)
+
+    def _admit(self, now: float, functions: IntArray, counts: IntArray) -> None:
+        durations = self.workload.draw_durations_s(self.rng, functions)
+        finish = (
+            int(now) + np.clip(np.ceil(durations), 1, COMPLETION_RING_S - 1).astype(np.int64)
+        ) % COMPLETION_RING_S
+        self.inflight[functions] += counts
+        self.completions[finish, functions] += counts
+        cold = self.ready[functions] == 0
+        for function, count in zip(functions[cold].tolist(), counts[cold].tolist()):
+            self.buffered[function].append((now + 0.5, count))
+            self.result.cold_starts[function] += count
+            if self.current[function] == 0:  # the activator pokes the autoscaler at once
+                self.kpa.poke(np.array([function]))
+                self._create_pod(function, now)
+        for function, count in zip(functions[~cold].tolist(), counts[~cold].tolist()):
+            self.result.warm_requests[self.functions[function].priority] += count
+
+    def _apply_min_scale(self, now: float) -> None:
+        events = self.min_scale_events
+        while events and events[0][0] <= now:
+            _, function, vote = heapq.heappop(events)
+            self.min_scale_votes[function] += vote
+
+    def _scale(self, now: float) -> None:
+        min_scale = (self.min_scale_votes > 0).astype(np.int64)
+        desired = self.kpa.desired(now, self.ready, self.current, min_scale)
+        waiting = np.fromiter((bool(b) for b in self.buffered), np.bool_, len(self.buffered))
+        desired = np.where(waiting, np.maximum(desired, 1), desired)
+        for function in np.flatnonzero(desired != self.current).tolist():
+            change = int(desired[function] - self.current[function])
+            for _ in range(change):
+                self._create_pod(function, now)
+            for _ in range(-change):
+                self._delete_pod(function, now)
+
+    # -- pods -------------------------------------------------------------------------
+    def _create_pod(self, function: int, now: float) -> None:
+        self.current[function] += 1
+        if function in self._stuck_now or not self._place(function, now):
+            self._stuck_now.add(function)
+            self.pending.append(function)
+
+    def _place(self, function: int, now: float) -> bool:
+        pod = self.requests[function]
+        table, ids = self.nodes.table(now)
+        started = time.perf_counter()
+        result = ranking.rank(pod, table, self.placement)
+        self.result.decision_us.append((time.perf_counter() - started) * 1e6)
+        if not result.verdicts.feasible.any():
+            self._request_node(pod, now)
+            return False
+        node = int(ids[int(result.best_first(limit=1)[0])])
+        spec = self.functions[function]
+        cache = self.nodes.caches[node]
+        bandwidth = float(self.nodes.bandwidth[node])
+        scheduled = now + self.startup.scheduling_s
+        image_ready, pulled = cache.ready_time(spec.image, spec.image_bytes, scheduled, bandwidth)
+        if pulled:
+            self.result.pulls += 1
+            cache.collect(self._images_in_use(node) | {spec.image})
+        ready_at = max(scheduled, image_ready) + self.startup.container_start_s + self.startup.runtime_init_s
+        self.nodes.add_pod(node, pod, now)
+        self.pods.append(_Pod(function=function, node=node, ready_at=ready_at))
+        pod_id = len(self.pods) - 1
+        self.by_function[function].append(pod_id)
+        heapq.heappush(self.starting, (ready_at, pod_id))
+        self.result.pods_started += 1
+        return True
+
+    def _images_in_use(self, node: int) -> set[str]:
+        return {QUEUE_PROXY_IMAGE} | {self.image_of[service] for service in self.nodes.function_pods[node]}
+
+    def _request_node(self, pod: PodRequest, now: float) -> None:
+        provisioning = self.nodes.alive & (self.nodes.ready_at > now)
+        fits = self.nodes.fits_empty(pod)
+        if not any(fits[self.nodes.pool[provisioning]]):
+            self.nodes.scale_up(pod, now)
+
+    def _place_pending(self, now: float) -> None:
+        """Retry waiting pods in order; once one of a function fails, its others wait too."""
+        self.room_changed = False
+        waiting, self.pending = self.pending, []
+        stuck: set[int] = set()
+        for function in waiting:
+            if function in stuck or not self._place(function, now):
+                stuck.add(function)
+                self.pending.append(function)
+
+    def _delete_pod(self, function: int, now: float) -> None:
+        self.current[function] -= 1
+        if function in self.pending:  # an unplaced pod goes first
+            self.pending.remove(function)
+            return
+        pods = self.by_function[function]
+        starting = [p for p in pods if not self.pods[p].ready]
+        pod_id = starting[-1] if starting else pods[-1]
+        pods.remove(pod_id)
+        pod = self.pods[pod_id]
+        pod.alive = False
+        if pod.ready:
+            self.ready[function] -= 1
+        self.nodes.remove_pod(pod.node, self.requests[function], now)
+        self.room_changed = True
+
+    def _start_ready_pods(self, until: float) -> None:
+        while self.starting and self.starting[0][0] <= until:
+            ready_at, pod_id = heapq.heappop(self.starting)
+            pod = self.pods[pod_id]
+            if not pod.alive:
+                continue
+            pod.ready = True
+            self.ready[pod.function] += 1
+            self._release_buffered(pod.function, ready_at)
+
+    def _release_buffered(self, function: int, ready_at: float) -> None:
+        hist = self.result.latency_hist[self.functions[function].priority]
+        for arrived, count in self.buffered[function]:
+            hist[min(int(max(ready_at - arrived, 0.0) / LATENCY_BIN_S), LATENCY_BINS - 1)] += count
+        self.buffered[function].clear()
+
+    # -- accounting -------------------------------------------------------------------
+    def _account(self, now: float) -> None:
+        nodes = self.nodes
+        nodes.scale_down(now)
+        self.result.energy_j += nodes.watts(now) * METRICS_EVERY_S
+        self.result.cost_usd += float(nodes.price[nodes.alive].sum()) * METRICS_EVERY_S / 3600.0
+
+    def _record_minute(self, minute: int) -> None:
+        nodes, series = self.nodes, self.result.series
+        alive = nodes.alive
+        series["minute"].append(float(minute))
+        series["nodes"].append(float(alive.sum()))
+        series["cpu_allocation"].append(
+            float(nodes.cpu_requested[alive].sum() / max(nodes.cpu_allocatable[alive].sum(), 1))
+        )
+        series["memory_allocation"].append(
+            float(nodes.memory_requested[alive].sum() / max(nodes.memory_allocatable[alive].sum(), 1))
+        )
+        series["watts"].append(nodes.watts(minute * 60.0))
+
+    def _finish(self, end: float) -> None:
+        """Requests still waiting at the end count with the wait they have had so far."""
+        for function, waiting in enumerate(self.buffered):
+            if waiting:
+                self._release_buffered(function, end)

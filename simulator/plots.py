@@ -1,0 +1,65 @@
+"""PNG plots of a report: the cold-start / wasted-memory Pareto and the cluster over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt
+
+
+def write_all(report: dict[str, Any], out: Path) -> list[Path]:
+    paths = [pareto(report["results"], out / "pareto.png")]
+    if any(report["series"].values()):
+        paths.append(timeline(report["series"], out / "timeline.png"))
+    return paths
+
+
+def pareto(results: list[dict[str, Any]], path: Path) -> Path:
+    """75th-percentile cold-start % against wasted memory (fixed 10-minute keep-alive = 100)."""
+    figure, axis = plt.subplots(figsize=(7, 5))
+    for entry in results:
+        x, label = entry.get("wasted_memory_norm"), _label(entry)
+        for key, marker in (("cold_start_pct_p75", "o"), ("cold_start_pct_p75_weighted", "^")):
+            if x is not None and entry.get(key) is not None:
+                axis.scatter(x, entry[key], marker=marker)
+        if x is not None and entry.get("cold_start_pct_p75") is not None:
+            axis.annotate(
+                label, (x, entry["cold_start_pct_p75"]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
+    axis.set_xlabel("wasted memory time (fixed 10-min keep-alive = 100)")
+    axis.set_ylabel("75th-percentile cold-start % (o unweighted, ^ weighted)")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def timeline(series: dict[str, dict[str, list[float]] | None], path: Path) -> Path:
+    """Nodes, CPU allocation and power over the simulated time, one line per combination."""
+    figure, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    for label, values in series.items():
+        if not values:
+            continue
+        hours = [m / 60.0 for m in values["minute"]]
+        axes[0].plot(hours, values["nodes"], label=label, linewidth=1)
+        axes[1].plot(hours, [100 * v for v in values["cpu_allocation"]], linewidth=1)
+        axes[2].plot(hours, [w / 1000 for w in values["watts"]], linewidth=1)
+    for axis, title in zip(axes, ("nodes", "CPU allocated (%)", "power (kW)")):
+        axis.set_ylabel(title)
+        axis.grid(alpha=0.3)
+    axes[2].set_xlabel("hour")
+    axes[0].legend(fontsize=6, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def _label(entry: dict[str, Any]) -> str:
+    return f"{entry['placement']} / {entry['keepalive']}" if entry["placement"] else str(entry["keepalive"])

@@ -1,0 +1,127 @@
+"""What a run measured, as the report's plain JSON fields (names other tools script against).
+
+Cold-start percentages follow SitW: per function, cold starts / invocations; across functions,
+the 75th percentile, unweighted and weighted by `occ_ref_samples` (the sampler's population
+mix; functions it never weighted drop out of that view). Wasted memory is memory x time of
+idle loaded instances, also normalised to fixed 10-minute keep-alive = 100.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.types import Priority
+from simulator.engine import LATENCY_BIN_S, RunResult
+from simulator.study import Outcome
+
+FloatArray = npt.NDArray[np.float64]
+
+# Start-delay targets per priority class, seconds: the one table of SLAs. critical and high
+# must not see a cold start beyond a cached pod start (2-4 s); batch tolerates image pulls.
+SLA_TARGET_S: Mapping[Priority, float] = {
+    Priority.CRITICAL: 1.0,
+    Priority.HIGH: 2.0,
+    Priority.NORMAL: 5.0,
+    Priority.LOW: 15.0,
+    Priority.BATCH: 60.0,
+}
+
+
+def weighted_percentile(values: FloatArray, weights: FloatArray, q: float) -> float | None:
+    """The q-th percentile of `values` with `weights` (None when no weight at all)."""
+    keep = weights > 0
+    if not keep.any():
+        return None
+    order = np.argsort(values[keep], kind="stable")
+    cumulative = np.cumsum(weights[keep][order])
+    index = int(np.searchsorted(cumulative, q / 100.0 * cumulative[-1], side="left"))
+    return float(values[keep][order][min(index, order.size - 1)])
+
+
+def cold_start_summary(
+    invocations: npt.NDArray[np.int64], cold_starts: npt.NDArray[np.int64], weights: FloatArray
+) -> dict[str, Any]:
+    invoked = invocations > 0
+    pct = 100.0 * cold_starts[invoked] / invocations[invoked]
+    return {
+        "functions": int(invoked.sum()),
+        "invocations": int(invocations.sum()),
+        "cold_starts": int(cold_starts.sum()),
+        "cold_start_pct_p75": _round(float(np.percentile(pct, 75))) if pct.size else None,
+        "cold_start_pct_p75_weighted": _round(weighted_percentile(pct, weights[invoked], 75)),
+    }
+
+
+def study_entry(outcome: Outcome, memory_mb: FloatArray, weights: FloatArray) -> dict[str, Any]:
+    """The fields a keep-alive study run fills."""
+    return {
+        **cold_start_summary(outcome.invocations, outcome.cold_starts, weights),
+        "wasted_memory_gb_s": _round(float((outcome.wasted_minutes * 60.0 * memory_mb).sum()) / 1024.0),
+        "wasted_instance_s": _round(float(outcome.wasted_minutes.sum()) * 60.0),
+    }
+
+
+def cluster_entry(result: RunResult, weights: FloatArray, seconds: float) -> dict[str, Any]:
+    """The fields a cluster-mode run fills."""
+    latency = np.sum(list(result.latency_hist.values()), axis=0)
+    series = result.series
+    per_class = {}
+    for priority, hist in result.latency_hist.items():
+        warm = result.warm_requests[priority]
+        target_bin = int(SLA_TARGET_S[priority] / LATENCY_BIN_S)
+        total = warm + hist.sum()
+        late = hist[target_bin:].sum()
+        per_class[priority.value] = {
+            "requests": int(total),
+            "sla_target_s": SLA_TARGET_S[priority],
+            "sla_violation_pct": _round(100.0 * late / total) if total else 0.0,
+            "start_delay_p50_s": _round(_hist_percentile(hist, 50, zeros=warm)),
+            "start_delay_p99_s": _round(_hist_percentile(hist, 99, zeros=warm)),
+        }
+    return {
+        **cold_start_summary(result.invocations, result.cold_starts, weights),
+        "wasted_memory_gb_s": _round(float(result.wasted_mb_s.sum()) / 1024.0),
+        "cold_start_latency_p50_s": _round(_hist_percentile(latency, 50)),
+        "cold_start_latency_p99_s": _round(_hist_percentile(latency, 99)),
+        "sla_violation_pct": {name: c["sla_violation_pct"] for name, c in per_class.items()},
+        "priority_classes": per_class,
+        "cpu_alloc_utilization": _round(float(np.mean(series["cpu_allocation"]))),
+        "memory_alloc_utilization": _round(float(np.mean(series["memory_allocation"]))),
+        "nodes_mean": _round(float(np.mean(series["nodes"]))),
+        "cost_usd": _round(result.cost_usd),
+        "energy_kwh": _round(result.energy_j / 3.6e6),
+        "pods_started": result.pods_started,
+        "image_pulls": result.pulls,
+        "simulated_hours": _round(seconds / 3600.0),
+    }
+
+
+def normalise_wasted(entries: list[dict[str, Any]], reference: str = "fixed:10") -> None:
+    """Add `wasted_memory_norm`: wasted memory with fixed 10-minute keep-alive = 100."""
+    baseline = {
+        (e["placement"], e["population"]): e["wasted_memory_gb_s"]
+        for e in entries
+        if e["keepalive"] == reference
+    }
+    for entry in entries:
+        base = baseline.get((entry["placement"], entry["population"]))
+        entry["wasted_memory_norm"] = _round(100.0 * entry["wasted_memory_gb_s"] / base) if base else None
+
+
+def _hist_percentile(hist: FloatArray, q: float, zeros: int = 0) -> float | None:
+    total = hist.sum() + zeros
+    if total == 0:
+        return None
+    rank = q / 100.0 * total
+    if rank <= zeros:
+        return 0.0
+    index = int(np.searchsorted(np.cumsum(hist), rank - zeros, side="left"))
+    return (index + 0.5) * LATENCY_BIN_S
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 6)
