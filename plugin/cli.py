@@ -147,14 +147,20 @@ def _simulate(args: argparse.Namespace) -> int:
         *Progress.get_default_columns(), TimeElapsedColumn(), console=console, disable=args.json
     ) as bar:
         task = bar.add_task(f"simulating {runs} runs", total=runs)
-        result = compare.compare(options, progress=lambda label: bar.advance(task))
+        try:
+            result = compare.compare(options, progress=lambda label: bar.advance(task))
+        except (traces.TraceError, clusterspec.ClusterSpecError) as error:
+            raise SettingsError(str(error)) from error
     args.out.mkdir(parents=True, exist_ok=True)
+    timings = result.pop("timings")  # wall-clock: kept out of the deterministic report
     (args.out / "report.json").write_text(json.dumps(result, sort_keys=True, indent=1) + "\n")
+    (args.out / "timings.json").write_text(json.dumps(timings, sort_keys=True, indent=1) + "\n")
     plots.write_all(result, args.out)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
         _print_simulation(result, args.out, Console(width=170))
+        _print_timings(timings, Console(width=170))
     return 0
 
 
@@ -180,10 +186,15 @@ def _print_simulation(result: dict[str, Any], out: Path, console: Console) -> No
     for entry in result["results"]:
         table.add_row(*(_cell(entry.get(key)) for _, key in shown))
     console.print(table)
-    console.print(
-        f"report and plots in {out}/ (report.json, pareto.png"
-        + (", timeline.png)" if any(result["series"].values()) else ")")
-    )
+    plotted = "pareto.png, timeline.png" if any(result["series"].values()) else "pareto.png"
+    console.print(f"report and plots in {out}/ (report.json, timings.json, {plotted})")
+
+
+def _print_timings(timings: dict[str, Any], console: Console) -> None:
+    rows = [(label, t) for label, t in timings.items() if t and t.get("decisions")]
+    if rows:
+        parts = [f"{label} {t['p50']:.0f}/{t['p99']:.0f}" for label, t in rows]
+        console.print("policy decision time p50/p99 (us): " + "; ".join(parts))
 
 
 def _cell(value: Any) -> str:

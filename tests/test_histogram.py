@@ -56,7 +56,9 @@ def test_unit_root_falls_back_to_the_mean() -> None:
 
 def test_batch_equals_the_per_function_view() -> None:
     rng = np.random.default_rng(3)
-    sequences = [list(rng.integers(1, 30, size=n).astype(float)) for n in (0, 1, 7, 40)] + [[400.0, 500.0, 2.0]]
+    sequences = [list(rng.integers(1, 30, size=n).astype(float)) for n in (0, 1, 7, 40)] + [
+        [400.0, 500.0, 2.0]
+    ]
     gaps = np.array([g for s in sequences for g in s])
     offsets = np.cumsum([0] + [len(s) for s in sequences])
     prewarm, keepalive = batch_windows(gaps, offsets)
@@ -69,5 +71,12 @@ def test_batch_equals_the_per_function_view() -> None:
 
 def test_parameters_are_the_published_ones() -> None:
     p = HistogramParams()
-    assert (p.range_minutes, p.bin_minutes, p.head, p.tail, p.margin, p.cv_threshold) == (240, 1, 0.05, 0.99, 0.1, 2)
+    assert (p.range_minutes, p.bin_minutes, p.head, p.tail, p.margin, p.cv_threshold) == (
+        240,
+        1,
+        0.05,
+        0.99,
+        0.1,
+        2,
+    )
     assert p.bins == 240

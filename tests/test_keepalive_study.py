@@ -52,7 +52,10 @@ def test_longer_keepalive_trades_memory_for_cold_starts() -> None:
     rng = np.random.default_rng(0)
     counts = (rng.random((50, 600)) < 0.05).astype(np.int64)
     periods = study.IdlePeriods.from_counts(counts)
-    short, long = study.run(periods, keepalive.FixedKeepAlive(5)), study.run(periods, keepalive.FixedKeepAlive(60))
+    short, long = (
+        study.run(periods, keepalive.FixedKeepAlive(5)),
+        study.run(periods, keepalive.FixedKeepAlive(60)),
+    )
     assert long.cold_starts.sum() < short.cold_starts.sum()
     assert long.wasted_minutes.sum() > short.wasted_minutes.sum()
 

@@ -13,7 +13,9 @@ from simulator import compare, traces
 MINUTES = ",".join(str(i) for i in range(1, 1441))
 
 
-def write_trace(folder: Path, rows: list[tuple[str, str, int, list[int]]], *, duration_row: str | None = None) -> Path:
+def write_trace(
+    folder: Path, rows: list[tuple[str, str, int, list[int]]], *, duration_row: str | None = None
+) -> Path:
     """rows: (population, func_id, occ_ref_samples, {minute index: count})."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [f"population,func_id,occ_ref_samples,occ_all_invitro_files,inv_sum_day,first_source,{MINUTES}"]
@@ -23,7 +25,11 @@ def write_trace(folder: Path, rows: list[tuple[str, str, int, list[int]]], *, du
         lines.append(f"{population},{func_id},{weight},1,{sum(counts)},src," + ",".join(map(str, counts)))
         durations.append(duration_row or f"{population},{func_id},10,100,50,200,50,55,80,100,120,190,200")
         memory.append(f"{population},{func_id},5,128,100,110,120,128,130,140,150,160")
-    for name, content in ((traces.INVOCATIONS, lines), (traces.DURATIONS, durations), (traces.MEMORY, memory)):
+    for name, content in (
+        (traces.INVOCATIONS, lines),
+        (traces.DURATIONS, durations),
+        (traces.MEMORY, memory),
+    ):
         with gzip.open(folder / name, "wt") as handle:
             handle.write("\n".join(content) + "\n")
     return folder
@@ -37,7 +43,9 @@ def day(**at: int) -> list[int]:
 
 
 def test_loads_rows_counts_and_quantiles(tmp_path: Path) -> None:
-    folder = write_trace(tmp_path, [("heavy", "F-h-1", 3, day(m0=2, m5=1)), ("light", "F-l-2", 0, day(m1439=7))])
+    folder = write_trace(
+        tmp_path, [("heavy", "F-h-1", 3, day(m0=2, m5=1)), ("light", "F-l-2", 0, day(m1439=7))]
+    )
     trace = traces.load(folder)
     assert trace.func_ids == ("F-h-1", "F-l-2") and trace.populations == ("heavy", "light")
     assert trace.counts.shape == (2, 1440) and trace.counts[0, 0] == 2 and trace.counts[1, 1439] == 7
@@ -65,7 +73,10 @@ def test_bundled_slice_has_both_populations_and_rare_functions() -> None:
         ("count", r"invocations_per_minute.csv.gz:2: field 3: 'x' is not a count"),
         ("population", r"invocations_per_minute.csv.gz:2: field population: 'medium'"),
         ("short", r"invocations_per_minute.csv.gz:2: 1443 fields, the header has 1446"),
-        ("quantiles", r"durations_ms.csv.gz:2: fields Count..percentile_Average_100: quantiles must not decrease"),
+        (
+            "quantiles",
+            r"durations_ms.csv.gz:2: fields Count..percentile_Average_100: quantiles must not decrease",
+        ),
         ("weight", r"invocations_per_minute.csv.gz:2: field occ_ref_samples: '-1'"),
     ],
 )

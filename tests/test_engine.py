@@ -1,0 +1,152 @@
+"""Cluster mode: cold-start accounting on small cases, determinism, aggregate vs per request."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from policies import heuristics
+from policies.types import Priority
+from simulator import clusterspec, engine, keepalive, report, traces
+from simulator.workload import FunctionSpec, Workload
+
+MiB = 1 << 20
+
+
+def one_function(**changes: object) -> Workload:
+    spec = FunctionSpec(
+        service="default/fn",
+        revision="fn-00001",
+        image="registry.example.com/fn:1",
+        image_bytes=400 * MiB,
+        cpu_milli=250,
+        memory_bytes=256 * MiB,
+        gpu=0,
+        concurrency_target=100.0,
+        priority=Priority.HIGH,
+    )
+    spec = dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
+    return Workload(
+        functions=(spec,), duration_ms=np.array([[100, 100, 100, 100, 100, 100, 100]], dtype=float)
+    )
+
+
+def simulate(
+    counts: dict[int, int],
+    policy: str = "knative",
+    minutes: int = 30,
+    seed: int = 1,
+    workload: Workload | None = None,
+) -> engine.RunResult:
+    row = np.zeros((1, minutes), dtype=np.int64)
+    for minute, count in counts.items():
+        row[0, minute] = count
+    return engine.Simulation(
+        workload=workload or one_function(),
+        counts=row,
+        cluster=clusterspec.load("small"),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name(policy),
+        seed=seed,
+    ).run()
+
+
+def test_scale_from_zero_only_when_the_revision_has_gone_to_zero() -> None:
+    # One request in minutes 0, 1 (within the ~90 s the KPA keeps the pod) and 10.
+    result = simulate({0: 1, 1: 1, 10: 1})
+    assert (result.invocations[0], result.cold_starts[0]) == (3, 2)
+
+
+@pytest.mark.parametrize(("policy", "cold"), [("fixed:20", 1), ("hybrid", 1), ("fixed:5", 2)])
+def test_keepalive_policies_act_through_min_scale(policy: str, cold: int) -> None:
+    assert simulate({0: 1, 1: 1, 10: 1}, policy=policy).cold_starts[0] == cold
+
+
+def test_cold_start_latency_is_pull_plus_start() -> None:
+    result = simulate({0: 1})
+    startup = engine.StartupConfig()
+    pull = 400 * MiB / (40 * MiB)  # small.yaml's general pool pulls 40 MiB/s
+    expected = startup.scheduling_s + pull + startup.container_start_s + startup.runtime_init_s
+    hist = result.latency_hist[Priority.HIGH]
+    (bin_,) = np.flatnonzero(hist)
+    assert (
+        abs((bin_ + 0.5) * engine.LATENCY_BIN_S - expected) <= 0.5 + engine.LATENCY_BIN_S
+    )  # arrival within its second
+    assert result.pulls == 1
+
+
+def test_second_cold_start_on_the_same_node_skips_the_pull() -> None:
+    result = simulate({0: 1, 20: 1})
+    assert result.cold_starts[0] == 2 and result.pulls == 1
+
+
+def test_deterministic_for_a_seed() -> None:
+    trace = traces.load(traces.Path(__file__).parent.parent / "simulator" / "data" / "azure2019_slice")
+    small = trace.subset(list(range(0, 338, 20))).window(0, 30)
+    from simulator import workload
+
+    def run(seed: int) -> dict[str, object]:
+        result = engine.Simulation(
+            workload=workload.build(small, seed=seed),
+            counts=small.counts,
+            cluster=clusterspec.load("small"),
+            placement=heuristics.kube_default(),
+            keepalive=keepalive.by_name("hybrid"),
+            seed=seed,
+        ).run()
+        return report.cluster_entry(result, small.weights, 1800.0)
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+
+
+class PerRequest:
+    """A per-request reference for one revision with sparse traffic: requests at exact times,
+    a pod ready `startup` after the first request that finds none, and gone once no request
+    has arrived for the KPA's stable window plus grace period (give or take its 2-s tick)."""
+
+    def __init__(self, startup: float, idle_limit: float) -> None:
+        self.startup, self.idle_limit = startup, idle_limit
+
+    def cold_starts(self, arrivals: list[float]) -> int:
+        cold, ready_at, last = 0, None, -1e9
+        for t in arrivals:
+            if ready_at is None or t - last > self.idle_limit:
+                ready_at = t + self.startup
+            if t < ready_at:
+                cold += 1
+            last = t
+        return cold
+
+
+def test_aggregate_agrees_with_per_request_on_a_small_case() -> None:
+    # Bursts far apart (or close together) so the KPA's 2-s tick cannot tip any decision.
+    minutes = {0: 5, 1: 3, 6: 8, 7: 2, 8: 1, 15: 4, 25: 6}
+    counts = np.zeros((1, 30), dtype=np.int64)
+    for minute, count in minutes.items():
+        counts[0, minute] = count
+
+    class Exact(engine.Simulation):
+        def _arrivals(self, minute: int) -> np.ndarray:
+            per_second = super()._arrivals(minute)
+            self.recorded.extend(minute * 60 + s + 0.5 for s in np.repeat(np.arange(60), per_second[0]))
+            return per_second
+
+    simulation = Exact(
+        workload=one_function(image_bytes=MiB),
+        counts=counts,
+        cluster=clusterspec.load("small"),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("knative"),
+        seed=7,
+    )
+    simulation.recorded = []  # type: ignore[attr-defined]
+    aggregate = simulation.run()
+    arrivals = simulation.recorded  # type: ignore[attr-defined]
+    startup = engine.StartupConfig()
+    pod_start = startup.scheduling_s + MiB / (40 * MiB) + startup.container_start_s + startup.runtime_init_s
+    reference = PerRequest(startup=pod_start, idle_limit=90.0)
+    assert aggregate.cold_starts[0] == reference.cold_starts(arrivals)
+    assert aggregate.cold_starts[0] >= 3  # the case does exercise scale-from-zero
