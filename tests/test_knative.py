@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from simulator.knative import Autoscaler, AutoscalerConfig
@@ -61,5 +63,5 @@ def test_scale_down_at_most_halves_per_tick() -> None:
     revision.run(120, 56.0)
     assert revision.pods == 8
     after = revision.run(200, 0.0)
-    drops = [b / a for a, b in zip(after, after[1:]) if b < a and b > 0]
+    drops = [b / a for a, b in itertools.pairwise(after) if b < a and b > 0]
     assert all(ratio >= 0.5 for ratio in drops)

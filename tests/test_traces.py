@@ -82,7 +82,7 @@ def test_bundled_slice_has_both_populations_and_rare_functions() -> None:
 )
 def test_malformed_files_name_file_line_and_field(tmp_path: Path, breakage: str, message: str) -> None:
     counts = day(m0=1)
-    population, weight, duration_row = "heavy", "1", None
+    population, _weight, duration_row = "heavy", "1", None
     if breakage == "population":
         population = "medium"
     if breakage == "quantiles":
@@ -90,7 +90,8 @@ def test_malformed_files_name_file_line_and_field(tmp_path: Path, breakage: str,
     folder = write_trace(tmp_path, [(population, "F-h-1", 1, counts)], duration_row=duration_row)
     if breakage in ("count", "short", "weight"):
         path = folder / traces.INVOCATIONS
-        header, row = gzip.open(path, "rt").read().splitlines()
+        with gzip.open(path, "rt") as handle:
+            header, row = handle.read().splitlines()
         fields = row.split(",")
         if breakage == "count":
             fields[8] = "x"
