@@ -128,8 +128,8 @@ class Simulation:
         self.targets = np.array([f.concurrency_target for f in self.functions])
         self.kpa = Autoscaler(self.targets, autoscaler or AutoscalerConfig())
         self.nodes = Nodes(cluster)
-        for cache in self.nodes.caches:
-            cache.ready_time(QUEUE_PROXY_IMAGE, QUEUE_PROXY_BYTES, -1e9, 1.0)
+        for node in range(len(self.nodes.caches)):
+            self.nodes.image_ready(node, QUEUE_PROXY_IMAGE, QUEUE_PROXY_BYTES, -1e12)
         self.pods: list[_Pod] = []
         self.by_function: list[list[int]] = [[] for _ in range(n)]
         self.ready = np.zeros(n, dtype=np.int64)
@@ -137,6 +137,11 @@ class Simulation:
         self.inflight = np.zeros(n)
         self.completions = np.zeros((COMPLETION_RING_S, n))
         self.buffered: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        self.waiting = np.zeros(n, dtype=np.bool_)  # has buffered requests
+        self.priority_index = np.array(
+            [list(Priority).index(f.priority) for f in self.functions], dtype=np.int64
+        )
+        self.warm_by_class = np.zeros(len(Priority), dtype=np.int64)
         self.pending: list[int] = []  # functions with a pod waiting for room
         self.room_changed = False  # a pod left or a node joined since pending pods last tried
         self._stuck_now: set[int] = set()
@@ -220,12 +225,12 @@ class Simulation:
         cold = self.ready[functions] == 0
         for function, count in zip(functions[cold].tolist(), counts[cold].tolist()):
             self.buffered[function].append((now + 0.5, count))
+            self.waiting[function] = True
             self.result.cold_starts[function] += count
             if self.current[function] == 0:  # the activator pokes the autoscaler at once
                 self.kpa.poke(np.array([function]))
                 self._create_pod(function, now)
-        for function, count in zip(functions[~cold].tolist(), counts[~cold].tolist()):
-            self.result.warm_requests[self.functions[function].priority] += count
+        np.add.at(self.warm_by_class, self.priority_index[functions[~cold]], counts[~cold])
 
     def _apply_min_scale(self, now: float) -> None:
         events = self.min_scale_events
@@ -236,8 +241,7 @@ class Simulation:
     def _scale(self, now: float) -> None:
         min_scale = (self.min_scale_votes > 0).astype(np.int64)
         desired = self.kpa.desired(now, self.ready, self.current, min_scale)
-        waiting = np.fromiter((bool(b) for b in self.buffered), np.bool_, len(self.buffered))
-        desired = np.where(waiting, np.maximum(desired, 1), desired)
+        desired = np.where(self.waiting, np.maximum(desired, 1), desired)
         for function in np.flatnonzero(desired != self.current).tolist():
             change = int(desired[function] - self.current[function])
             for _ in range(change):
@@ -263,13 +267,11 @@ class Simulation:
             return False
         node = int(ids[int(result.best_first(limit=1)[0])])
         spec = self.functions[function]
-        cache = self.nodes.caches[node]
-        bandwidth = float(self.nodes.bandwidth[node])
         scheduled = now + self.startup.scheduling_s
-        image_ready, pulled = cache.ready_time(spec.image, spec.image_bytes, scheduled, bandwidth)
+        image_ready, pulled = self.nodes.image_ready(node, spec.image, spec.image_bytes, scheduled)
         if pulled:
             self.result.pulls += 1
-            cache.collect(self._images_in_use(node) | {spec.image})
+            self.nodes.collect_images(node, self._images_in_use(node) | {spec.image})
         ready_at = max(scheduled, image_ready) + self.startup.container_start_s + self.startup.runtime_init_s
         self.nodes.add_pod(node, pod, now)
         self.pods.append(_Pod(function=function, node=node, ready_at=ready_at))
@@ -329,6 +331,7 @@ class Simulation:
         for arrived, count in self.buffered[function]:
             hist[min(int(max(ready_at - arrived, 0.0) / LATENCY_BIN_S), LATENCY_BINS - 1)] += count
         self.buffered[function].clear()
+        self.waiting[function] = False
 
     # -- accounting -------------------------------------------------------------------
     def _account(self, now: float) -> None:
@@ -355,3 +358,5 @@ class Simulation:
         for function, waiting in enumerate(self.buffered):
             if waiting:
                 self._release_buffered(function, end)
+        for priority, count in zip(Priority, self.warm_by_class.tolist()):
+            self.result.warm_requests[priority] = count

@@ -31,46 +31,47 @@ PROVISIONING_S = 90.0  # a cloud VM joining the cluster: typically 1-2 minutes
 
 @dataclass(slots=True)
 class ImageCache:
-    """One node's images: size, when each became (or becomes) available, and last use."""
+    """One node's image filesystem: what it holds, how big, and when each was last used."""
 
     capacity: int
     sizes: dict[str, int] = field(default_factory=dict)
-    available_at: dict[str, float] = field(default_factory=dict)
     last_used: dict[str, float] = field(default_factory=dict)
     used: int = 0
 
-    def ready_time(self, image: str, size: int, now: float, bandwidth: float) -> tuple[float, bool]:
-        """When `image` can run here, and whether that takes a pull; starts the pull if needed."""
-        if image in self.available_at:
-            self.last_used[image] = now
-            return max(now, self.available_at[image]), False
-        done = now + size / bandwidth
-        self.sizes[image], self.available_at[image], self.last_used[image] = size, done, now
+    def add(self, image: str, size: int, now: float) -> None:
+        self.sizes[image], self.last_used[image] = size, now
         self.used += size
-        return done, True
 
-    def collect(self, in_use: set[str]) -> None:
+    def collect(self, in_use: set[str]) -> list[str]:
+        """Garbage-collect like the kubelet; returns the images removed."""
+        removed: list[str] = []
         if self.used <= IMAGE_GC_HIGH * self.capacity:
-            return
+            return removed
         for image in sorted(self.last_used, key=self.last_used.__getitem__):
             if self.used <= IMAGE_GC_LOW * self.capacity:
                 break
             if image not in in_use:
                 self.used -= self.sizes.pop(image)
-                del self.available_at[image], self.last_used[image]
+                del self.last_used[image]
+                removed.append(image)
+        return removed
 
 
 class _ImageIndex(Mapping[str, tuple[IntArray, IntArray]]):
-    """`ClusterObjects.image_index` computed on demand from the caches of the table's nodes."""
+    """`ClusterObjects.image_index` computed on demand: the table rows whose node holds an
+    image (its pull complete by `now`), from the cluster-wide availability arrays."""
 
-    def __init__(self, caches: list[ImageCache], now: float) -> None:
-        self._caches, self._now = caches, now
+    def __init__(self, nodes: Nodes, ids: IntArray, now: float) -> None:
+        self._nodes, self._ids, self._now = nodes, ids, now
 
     def get(self, image: str, default: object = None) -> tuple[IntArray, IntArray] | None:  # type: ignore[override]
-        rows = [i for i, c in enumerate(self._caches) if c.available_at.get(image, np.inf) <= self._now]
-        if not rows:
+        available_at = self._nodes.available_at.get(image)
+        if available_at is None:
             return None
-        return np.asarray(rows, np.int64), np.asarray([self._caches[i].sizes[image] for i in rows], np.int64)
+        rows = np.flatnonzero(available_at[self._ids] <= self._now)
+        if not rows.size:
+            return None
+        return rows, np.full(rows.size, self._nodes.image_size[image], dtype=np.int64)
 
     def __getitem__(self, image: str) -> tuple[IntArray, IntArray]:
         found = self.get(image)
@@ -79,10 +80,10 @@ class _ImageIndex(Mapping[str, tuple[IntArray, IntArray]]):
         return found
 
     def __iter__(self) -> Iterator[str]:
-        return iter({image for cache in self._caches for image in cache.sizes})
+        return iter([image for image in self._nodes.available_at if self.get(image) is not None])
 
     def __len__(self) -> int:
-        return len(set(self))
+        return len(list(iter(self)))
 
 
 class Nodes:
@@ -107,7 +108,10 @@ class Nodes:
         self.ready_at = np.zeros(len(rows))
         self.empty_since = np.zeros(len(rows))
         self.caches = [ImageCache(capacity=p.image_disk_bytes) for p in pools]
-        self.function_pods: list[dict[str, int]] = [{} for _ in rows]
+        self.image_sets = np.fromiter((c.sizes for c in self.caches), dtype=object, count=len(rows))
+        self.available_at: dict[str, FloatArray] = {}  # image -> per node: pull done (inf: absent)
+        self.image_size: dict[str, int] = {}
+        self.function_pods = np.array([{} for _ in rows] + [None], dtype=object)[:-1]  # dicts, kept in place
         self.labels = np.array(
             [
                 {
@@ -123,6 +127,7 @@ class Nodes:
         taint_sets = [tuple(Taint(key=k, value=v, effect=e) for k, v, e in p.taints) for p in spec.pools]
         self.taint_sets: tuple[tuple[Taint, ...], ...] = ((), *dict.fromkeys(t for t in taint_sets if t))
         self.taint_set = np.array([self.taint_sets.index(taint_sets[p]) for p, _ in rows], dtype=np.int64)
+        self.taints = np.fromiter((self.taint_sets[t] for t in self.taint_set), dtype=object, count=len(rows))
         self.power = [p.power for p in spec.pools]
 
     def ready(self, now: float) -> IntArray:
@@ -131,16 +136,13 @@ class Nodes:
     def table(self, now: float) -> tuple[NodeTable, IntArray]:
         """The ready nodes as a `NodeTable`, and their node ids."""
         ids = self.ready(now)
-        caches = [self.caches[i] for i in ids]
         cluster = ClusterObjects(
             names=self.names[ids],
             labels=self.labels[ids],
-            taints=np.fromiter(
-                (self.taint_sets[t] for t in self.taint_set[ids]), dtype=object, count=ids.size
-            ),
-            images=np.fromiter((c.sizes for c in caches), dtype=object, count=ids.size),
-            function_pods=np.fromiter((self.function_pods[i] for i in ids), dtype=object, count=ids.size),
-            image_index=_ImageIndex(caches, now),
+            taints=self.taints[ids],
+            images=self.image_sets[ids],
+            function_pods=self.function_pods[ids],
+            image_index=_ImageIndex(self, ids, now),
             taint_sets=self.taint_sets,
         )
         table = NodeTable(
@@ -184,6 +186,24 @@ class Nodes:
         if self.pod_count[node] == 0:
             self.empty_since[node] = now
 
+    def image_ready(self, node: int, image: str, size: int, now: float) -> tuple[float, bool]:
+        """When `image` can run on `node` and whether that takes a pull (which starts now)."""
+        available_at = self.available_at.get(image)
+        if available_at is None:
+            available_at = self.available_at[image] = np.full(len(self.names), np.inf)
+            self.image_size[image] = size
+        cache = self.caches[node]
+        if np.isfinite(available_at[node]):
+            cache.last_used[image] = now
+            return max(now, float(available_at[node])), False
+        available_at[node] = now + size / float(self.bandwidth[node])
+        cache.add(image, size, now)
+        return float(available_at[node]), True
+
+    def collect_images(self, node: int, in_use: set[str]) -> None:
+        for image in self.caches[node].collect(in_use):
+            self.available_at[image][node] = np.inf
+
     def fits_empty(self, pod: PodRequest) -> npt.NDArray[np.bool_]:
         """Per pool: would the pod fit an empty node of it (taints aside: GPU pods tolerate)?"""
         pools = self.spec.pools
@@ -226,7 +246,10 @@ class Nodes:
             spare = int(members.sum()) - pool.min
             for node in idle[::-1][: max(spare, 0)]:
                 self.alive[node] = False
+                for image in self.caches[node].sizes:
+                    self.available_at[image][node] = np.inf
                 self.caches[node] = ImageCache(capacity=self.caches[node].capacity)
+                self.image_sets[node] = self.caches[node].sizes
                 released.append(int(node))
         return released
 
