@@ -88,10 +88,19 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
     series = {f"{r['placement']} x {r['keepalive']}": r.pop("series", None) for r in results}
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items() if k != "workers"}
     config["trace"] = options.trace.name
+    per_function = {
+        "func_ids": list(trace.func_ids),
+        "populations": list(trace.populations),
+        "invocations": trace.counts.sum(axis=1).tolist(),
+        "cold_starts": {
+            f"{r['placement']} x {r['keepalive']}": r.pop("cold_starts_per_function") for r in results
+        },
+    }
     return {
         "config": config,
         "functions": len(trace),
         "results": results,
+        "per_function": per_function,
         "series": series,
         "timings": timings,
     }
@@ -111,6 +120,7 @@ def _run_study(trace: traces.Trace, job: tuple[str | None, str], options: Option
     outcome = study.run(study.IdlePeriods.from_counts(trace.counts), keepalive.by_name(keepalive_name))
     entry = _head(job, options)
     entry.update(report.study_entry(outcome, trace.memory_mb[:, 3], trace.weights))
+    entry["cold_starts_per_function"] = outcome.cold_starts.tolist()
     entry["populations"] = {
         population: report.study_entry(_only(outcome, rows), trace.memory_mb[rows, 3], trace.weights[rows])
         for population, rows in _population_rows(trace)
@@ -132,6 +142,7 @@ def _run_cluster(trace: traces.Trace, job: tuple[str | None, str], options: Opti
     result = simulation.run()
     entry = _head(job, options)
     entry.update(report.cluster_entry(result, trace.weights, trace.minutes * 60.0))
+    entry["cold_starts_per_function"] = result.cold_starts.tolist()
     entry["populations"] = {
         population: report.cold_start_summary(
             result.invocations[rows], result.cold_starts[rows], trace.weights[rows]

@@ -116,7 +116,10 @@ class Simulation:
         seed: int,
         autoscaler: AutoscalerConfig | None = None,
         startup: StartupConfig | None = None,
+        new_revisions: bool = False,
     ) -> None:
+        """`new_revisions`: the revisions are created as the run starts, each with its
+        `initial_scale` pods; otherwise they exist already, scaled to zero (a day's trace)."""
         self.workload, self.counts, self.placement = workload, counts, placement
         self.startup = startup or StartupConfig()
         self.rng = np.random.default_rng(seed)
@@ -164,6 +167,10 @@ class Simulation:
             cost_usd=0.0,
             series={"minute": [], "nodes": [], "cpu_allocation": [], "memory_allocation": [], "watts": []},
         )
+        if new_revisions:
+            for function, spec in enumerate(self.functions):
+                for _ in range(spec.initial_scale):
+                    self._create_pod(function, 0.0)
 
     def run(self) -> RunResult:
         minutes = self.counts.shape[1]

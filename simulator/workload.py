@@ -10,7 +10,7 @@
 | concurrency target | 1 for GPU functions (one request per GPU), Knative's default 100 otherwise; target utilization 70 % | `container-concurrency-target-default` and `-percentage` (protocols.md §3.4) |
 | priority | critical 5 %, high 15 %, normal 50 %, low 20 %, batch 10 % | a seeded draw: the trace carries no priorities |
 | GPU | 2 % of functions request one `nvidia.com/gpu` (and tolerate the GPU taint) | a small GPU share, as the issue asks |
-| min-scale / initial-scale | 0 / 1 | Knative defaults (protocols.md §3.4) |
+| min-scale / initial-scale | 0 / 1 (initial-scale applies when a run starts with freshly created revisions) | Knative defaults (protocols.md §3.4) |
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class FunctionSpec:
     gpu: int
     concurrency_target: float
     priority: Priority
+    initial_scale: int = 1  # pods a new revision starts with (Knative's initial-scale default)
 
 
 @dataclass(frozen=True)

@@ -150,3 +150,18 @@ def test_aggregate_agrees_with_per_request_on_a_small_case() -> None:
     reference = PerRequest(startup=pod_start, idle_limit=90.0)
     assert aggregate.cold_starts[0] == reference.cold_starts(arrivals)
     assert aggregate.cold_starts[0] >= 3  # the case does exercise scale-from-zero
+
+
+def test_new_revisions_start_with_initial_scale_and_then_scale_to_zero() -> None:
+    simulation = engine.Simulation(
+        workload=one_function(),
+        counts=np.zeros((1, 5), dtype=np.int64),
+        cluster=clusterspec.load("small"),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("knative"),
+        seed=1,
+        new_revisions=True,
+    )
+    assert simulation.current[0] == 1  # initial-scale 1
+    result = simulation.run()
+    assert result.pods_started == 1 and simulation.current[0] == 0  # gone after the grace period

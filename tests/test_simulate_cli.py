@@ -39,6 +39,11 @@ def test_cluster_mode_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert set(entry) >= REQUIRED, REQUIRED - set(entry)
         assert set(entry["sla_violation_pct"]) == {"critical", "high", "normal", "low", "batch"}
     assert {e["wasted_memory_norm"] for e in results if e["keepalive"] == "fixed:10"} == {100.0}
+    per_function = printed["per_function"]
+    assert len(per_function["func_ids"]) == len(per_function["invocations"]) == 24
+    for entry in results:
+        cold = per_function["cold_starts"][f"{entry['placement']} x {entry['keepalive']}"]
+        assert sum(cold) == entry["cold_starts"] and len(cold) == 24
     for name in ("report.json", "pareto.png", "timeline.png"):
         assert (tmp_path / "a" / name).stat().st_size > 0
 
