@@ -9,7 +9,7 @@
 | image | 30 % of functions share one of 12 runtime base images, the rest have their own; size lognormal, median 250 MiB, sigma 0.9, clamped 20 MiB..3 GiB | registry images of function runtimes; a 321 MB image is the nerdctl stargz example |
 | concurrency target | 1 for GPU functions (one request per GPU), Knative's default 100 otherwise; target utilization 70 % | `container-concurrency-target-default` and `-percentage` (protocols.md §3.4) |
 | priority | critical 5 %, high 15 %, normal 50 %, low 20 %, batch 10 % | a seeded draw: the trace carries no priorities |
-| GPU | 2 % of functions request one `nvidia.com/gpu` (and tolerate the GPU taint) | a small GPU share, as the issue asks |
+| GPU | 2 % of functions request one `nvidia.com/gpu` (and tolerate the GPU taint) | a small GPU share, to exercise GPU placement and the tainted GPU pool |
 | min-scale / initial-scale | 0 / 1 (initial-scale applies when a run starts with freshly created revisions) | Knative defaults (protocols.md §3.4) |
 """
 

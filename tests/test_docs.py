@@ -30,7 +30,7 @@ def test_readme_documents_every_setting() -> None:
             assert f"| `{field.metadata['env']}` | `{field.metadata['flag']}` |" in README
 
 
-def test_the_main_command_uses_bundled_files_that_exist() -> None:
-    main_command = fenced_commands()[0]
-    for path in re.findall(r"examples/\S+\.json", main_command):
+def test_the_main_command_runs_the_simulator_and_examples_exist() -> None:
+    assert fenced_commands()[0].endswith("kdrl simulate")
+    for path in re.findall(r"examples/\S+\.json", README):
         assert (ROOT / path).is_file()
