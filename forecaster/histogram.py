@@ -57,46 +57,58 @@ def state_size(params: HistogramParams) -> int:
     return params.bins + _SCALARS + RAW_WINDOW
 
 
+# Positions in the parameter vector the kernels take (numba wants plain arrays, not objects).
+_BINS, _BIN_MINUTES, _RANGE, _HEAD, _TAIL, _MARGIN, _CV, _OOB_SHARE, _FORECAST_MARGIN = range(9)
+
+
+def _vector(params: HistogramParams) -> FloatArray:
+    return np.array(
+        [
+            params.bins,
+            params.bin_minutes,
+            params.range_minutes,
+            params.head,
+            params.tail,
+            params.margin,
+            params.cv_threshold,
+            params.oob_threshold,
+            params.forecast_margin,
+        ],
+        dtype=np.float64,
+    )
+
+
 @numba.njit(cache=True)
-def observe(state: FloatArray, idle_minutes: float, bins: int, bin_minutes: float) -> None:
+def observe(state: FloatArray, idle_minutes: float, p: FloatArray) -> None:
     """Record one idle time."""
-    base = bins
-    seen = int(state[base + _SEEN])
-    state[base + _SCALARS + seen % RAW_WINDOW] = idle_minutes
-    state[base + _SEEN] = seen + 1
-    index = int(math.floor(idle_minutes / bin_minutes))
+    bins = int(p[_BINS])
+    seen = int(state[bins + _SEEN])
+    state[bins + _SCALARS + seen % RAW_WINDOW] = idle_minutes
+    state[bins + _SEEN] = seen + 1
+    index = int(math.floor(idle_minutes / p[_BIN_MINUTES]))
     if 0 <= index < bins:
-        state[base + _SQUARES] += 2.0 * state[index] + 1.0  # sum of squared counts, kept exact
+        state[bins + _SQUARES] += 2.0 * state[index] + 1.0  # sum of squared counts, kept exact
         state[index] += 1.0
-        state[base + _SUM] += 1.0
+        state[bins + _SUM] += 1.0
     else:
-        state[base + _OOB] += 1.0
+        state[bins + _OOB] += 1.0
 
 
 @numba.njit(cache=True)
-def windows(
-    state: FloatArray,
-    bins: int,
-    bin_minutes: float,
-    range_minutes: float,
-    head: float,
-    tail: float,
-    margin: float,
-    cv_threshold: float,
-    oob_threshold: float,
-    forecast_margin: float,
-) -> tuple[float, float]:
+def windows(state: FloatArray, p: FloatArray) -> tuple[float, float]:
     """(pre-warm, keep-alive) in minutes for the next idle period, from the state so far."""
+    bins = int(p[_BINS])
     total = state[bins + _SUM]
     oob = state[bins + _OOB]
-    if oob + total > 0 and oob / (oob + total) >= oob_threshold:
+    if oob + total > 0 and oob / (oob + total) >= p[_OOB_SHARE]:
         forecast = _forecast_idle(state, bins)
-        return forecast * (1.0 - forecast_margin), forecast * forecast_margin * 2.0
-    if total == 0 or _coefficient_of_variation(state, bins) < cv_threshold:
-        return 0.0, range_minutes
-    head_bin = _percentile_bin(state, bins, head)
-    tail_bin = _percentile_bin(state, bins, tail)
-    return head_bin * bin_minutes * (1.0 - margin), (1 + tail_bin) * bin_minutes * (1.0 + margin)
+        return forecast * (1.0 - p[_FORECAST_MARGIN]), forecast * p[_FORECAST_MARGIN] * 2.0
+    if total == 0 or _coefficient_of_variation(state, bins) < p[_CV]:
+        return 0.0, p[_RANGE]
+    head_bin = _percentile_bin(state, bins, p[_HEAD])
+    tail_bin = _percentile_bin(state, bins, p[_TAIL])
+    width = p[_BIN_MINUTES]
+    return head_bin * width * (1.0 - p[_MARGIN]), (1 + tail_bin) * width * (1.0 + p[_MARGIN])
 
 
 @numba.njit(cache=True)
@@ -144,18 +156,7 @@ def _forecast_idle(state: FloatArray, bins: int) -> float:
 
 @numba.njit(cache=True)
 def run_batch(
-    gaps: FloatArray,
-    offsets: npt.NDArray[np.int64],
-    state_length: int,
-    bins: int,
-    bin_minutes: float,
-    range_minutes: float,
-    head: float,
-    tail: float,
-    margin: float,
-    cv_threshold: float,
-    oob_threshold: float,
-    forecast_margin: float,
+    gaps: FloatArray, offsets: npt.NDArray[np.int64], state_length: int, p: FloatArray
 ) -> tuple[FloatArray, FloatArray]:
     """Online over many functions: the windows in force before each gap, then observe it.
 
@@ -167,19 +168,8 @@ def run_batch(
     for f in range(offsets.size - 1):
         state[:] = 0.0
         for i in range(offsets[f], offsets[f + 1]):
-            prewarm[i], keepalive[i] = windows(
-                state,
-                bins,
-                bin_minutes,
-                range_minutes,
-                head,
-                tail,
-                margin,
-                cv_threshold,
-                oob_threshold,
-                forecast_margin,
-            )
-            observe(state, gaps[i], bins, bin_minutes)
+            prewarm[i], keepalive[i] = windows(state, p)
+            observe(state, gaps[i], p)
     return prewarm, keepalive
 
 
@@ -194,25 +184,14 @@ class HybridHistogram:
 
     def __init__(self, params: HistogramParams | None = None) -> None:
         self.params = params or HistogramParams()
+        self._vector = _vector(self.params)
         self.state = np.zeros(state_size(self.params))
 
     def observe(self, idle_minutes: float) -> None:
-        observe(self.state, float(idle_minutes), self.params.bins, self.params.bin_minutes)
+        observe(self.state, float(idle_minutes), self._vector)
 
     def windows(self) -> Windows:
-        p = self.params
-        prewarm, keepalive = windows(
-            self.state,
-            p.bins,
-            p.bin_minutes,
-            p.range_minutes,
-            p.head,
-            p.tail,
-            p.margin,
-            p.cv_threshold,
-            p.oob_threshold,
-            p.forecast_margin,
-        )
+        prewarm, keepalive = windows(self.state, self._vector)
         return Windows(prewarm_minutes=float(prewarm), keepalive_minutes=float(keepalive))
 
 
@@ -221,17 +200,5 @@ def batch_windows(
 ) -> tuple[FloatArray, FloatArray]:
     """The windows `HybridHistogram` would give before each gap, for many functions at once."""
     p = params or HistogramParams()
-    return run_batch(
-        np.ascontiguousarray(gaps, dtype=np.float64),
-        np.ascontiguousarray(offsets, dtype=np.int64),
-        state_size(p),
-        p.bins,
-        p.bin_minutes,
-        p.range_minutes,
-        p.head,
-        p.tail,
-        p.margin,
-        p.cv_threshold,
-        p.oob_threshold,
-        p.forecast_margin,
-    )
+    gaps = np.ascontiguousarray(gaps, dtype=np.float64)
+    return run_batch(gaps, np.ascontiguousarray(offsets, dtype=np.int64), state_size(p), _vector(p))
