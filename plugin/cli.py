@@ -142,7 +142,7 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as error:
         raise SettingsError(str(error).strip("'\"")) from error
     console = Console(stderr=True)
-    runs = len(compare._jobs(options))
+    runs = len(compare.jobs(options))
     with Progress(
         *Progress.get_default_columns(), TimeElapsedColumn(), console=console, disable=args.json
     ) as bar:

@@ -75,12 +75,12 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
     """The report: one entry per combination, plus series for the plots and decision timings."""
     options.validate()
     trace = select(traces.load(options.trace), options)
-    jobs = _jobs(options)
-    workers = min(options.workers or os.cpu_count() or 1, len(jobs))
+    all_jobs = jobs(options)
+    workers = min(options.workers or os.cpu_count() or 1, len(all_jobs))
     runner = _run_study if options.mode == "keepalive" else _run_cluster
     results: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for entry in pool.map(runner, [trace] * len(jobs), jobs, [options] * len(jobs)):
+        for entry in pool.map(runner, [trace] * len(all_jobs), all_jobs, [options] * len(all_jobs)):
             results.append(entry)
             progress(f"{entry['placement'] or '-'} x {entry['keepalive']}")
     report.normalise_wasted(results)
@@ -106,7 +106,8 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
     }
 
 
-def _jobs(options: Options) -> list[tuple[str | None, str]]:
+def jobs(options: Options) -> list[tuple[str | None, str]]:
+    """The (placement, keep-alive) runs the options ask for, with the fixed:10 reference."""
     keepalives = list(options.keepalives)
     if "fixed:10" not in keepalives:
         keepalives.append("fixed:10")  # the normalisation reference for wasted memory
