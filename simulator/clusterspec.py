@@ -1,11 +1,12 @@
 """Cluster specs: node pools in YAML (`simulator/clusters/{small,medium,large}.yaml` or a file).
 
-Each pool: `count` nodes at start, autoscaler bounds `min`/`max`, `cpu` cores, `memory_gib`,
-`gpus`, `price_per_hour` (the spot price for `spot: true` pools), `zone` (one or a list, dealt
-round-robin), `taints`, `labels`, a `power` curve (`{model: linear, idle_watts, max_watts}` or
-`{model: specpower, watts: [11 values at 0, 10, ..., 100 % load]}`), `image_disk_gib` (the
-kubelet's image filesystem) and `pull_mib_per_s` (registry pull bandwidth). A malformed file is
-a `ClusterSpecError` naming the file, the line and the field.
+Each pool has `count` nodes at start and autoscaler bounds `min`/`max`; `cpu` cores,
+`memory_gib` and `gpus` per node; hourly prices `on_demand_per_hour` and `spot_per_hour` (a
+`spot: true` pool pays the latter); `zone` (one or a list, dealt round-robin); `taints` and
+`labels`; a `power` curve, `{model: linear, idle_watts, max_watts}` or `{model: specpower,
+watts: [11 values at 0, 10, ..., 100 % load]}`; `image_disk_gib` (the kubelet's image
+filesystem) and `pull_mib_per_s` (registry pull bandwidth). A malformed file is a
+`ClusterSpecError` naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class Pool:
     cpu_milli: int
     memory_bytes: int
     gpus: int
-    price_per_hour: float
+    on_demand_per_hour: float
+    spot_per_hour: float
     spot: bool
     zones: tuple[str, ...]
     taints: tuple[tuple[str, str, str], ...]  # (key, value, effect)
@@ -54,6 +56,10 @@ class Pool:
     power: PowerCurve
     image_disk_bytes: int
     pull_bytes_per_s: float
+
+    @property
+    def price_per_hour(self) -> float:
+        return self.spot_per_hour if self.spot else self.on_demand_per_hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +116,7 @@ def _pool(path: Path, node: Any, index: int) -> Pool:
     high = count if high < 0 else high
     if not 0 <= low <= count <= high:
         raise ClusterSpecError(f"{path}:{_line(node)}: field {where}: need 0 <= min <= count <= max")
-    numbers = {key: get(key, float) for key in ("cpu", "memory_gib", "price_per_hour")}
+    numbers = {key: get(key, float) for key in ("cpu", "memory_gib", "on_demand_per_hour", "spot_per_hour")}
     for key, value in numbers.items():
         if value <= 0:
             raise ClusterSpecError(f"{path}:{_line(fields[key])}: field {where}.{key}: must be positive")
@@ -126,7 +132,8 @@ def _pool(path: Path, node: Any, index: int) -> Pool:
         cpu_milli=int(numbers["cpu"] * 1000),
         memory_bytes=int(numbers["memory_gib"] * GiB),
         gpus=get("gpus", int, 0),
-        price_per_hour=numbers["price_per_hour"],
+        on_demand_per_hour=numbers["on_demand_per_hour"],
+        spot_per_hour=numbers["spot_per_hour"],
         spot=get("spot", bool, False),
         zones=tuple(str(z) for z in zones),
         taints=tuple(
