@@ -69,6 +69,8 @@ def serve_offline(
     port = free_port()
     command = [sys.executable, "-m", "plugin", "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--nodes", str(nodes), "--pods", str(pods), *extra]
+    if "--history-path" not in extra:  # keep the server's database out of the working tree
+        command += ["--history-path", str(Path(tempfile.mkdtemp()) / "history.db")]
     stderr = subprocess.PIPE if capture_logs else None
     server = subprocess.Popen(command, env={**os.environ, **(env or {})}, stderr=stderr)
     deadline = time.monotonic() + 60

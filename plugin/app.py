@@ -10,16 +10,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from kubernetes.aio.client import ApiClient
 
-from plugin import kube, objectfiles, wire
+from forecaster import history
+from forecaster.history import HistoryStore, MinuteCounts
+from plugin import events, kube, objectfiles, wire
 from plugin.cluster import ClusterCache, WatchSettings
 from plugin.errors import BadRequest
+from plugin.events import EventSink
 from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
-from plugin.keys import CACHE, EXTENDER, SETTINGS
+from plugin.keys import CACHE, EVENTS, EXTENDER, SETTINGS
 from plugin.settings import Settings
 from policies import heuristics
 
@@ -53,7 +57,9 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     app[SETTINGS] = settings
     app[CACHE] = cache
     app[EXTENDER] = Extender(cache=cache, policy=policy, binder=binder)
+    app[EVENTS] = _event_sink(settings)
     app.cleanup_ctx.append(_cluster_watch(cache, api))
+    app.cleanup_ctx.append(_event_commits(app[EVENTS]))
     app.add_routes(
         [
             web.post(f"{EXTENDER_PREFIX}/filter", _filter),
@@ -61,9 +67,66 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
             web.post(f"{EXTENDER_PREFIX}/bind", _bind),
             web.get("/healthz", _healthz),
             web.get("/readyz", _readyz),
+            web.post("/events", _events),
+            web.post("/", _events),
+            web.get("/debug/functions", _functions),
+            web.get("/debug/functions/{namespace}/{service}", _function),
         ]
     )
     return app
+
+
+def _event_sink(settings: Settings) -> EventSink:
+    """The history from its database (the last two days back in memory) and its sink."""
+    store = HistoryStore(settings.history.path)
+    counts = MinuteCounts()
+    rows = history.rebuild(store, counts, now_minute=int(time.time() // 60))
+    logger.info(
+        "history %s: %d minute rows, %d functions", settings.history.path, rows, len(counts.functions)
+    )
+    return EventSink(
+        store=store, counts=counts, clock=time.time, max_pending=settings.history.events_max_pending
+    )
+
+
+def _event_commits(sink: EventSink) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(sink.run(), name="event-commits")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sink.store.close()
+
+    return lifetime
+
+
+async def _events(request: web.Request) -> web.Response:
+    return await events.receive(
+        request, request.app[EVENTS], max_body=request.app[SETTINGS].history.events_max_body_bytes
+    )
+
+
+async def _functions(request: web.Request) -> web.Response:
+    return web.json_response({"functions": sorted(request.app[EVENTS].counts.functions)})
+
+
+async def _function(request: web.Request) -> web.Response:
+    """One function's per-minute counts over the last hours (`?hours=`, default 6)."""
+    function = f"{request.match_info['namespace']}/{request.match_info['service']}"
+    sink = request.app[EVENTS]
+    if function not in sink.counts.functions:
+        return web.json_response({"Error": f"no invocations recorded for {function}"}, status=404)
+    try:
+        hours = min(max(float(request.query.get("hours", "6")), 1 / 60), 48.0)
+    except ValueError:
+        raise BadRequest(f"hours={request.query['hours']!r} is not a number") from None
+    minutes = int(hours * 60)
+    end = int(sink.clock() // 60) + 1
+    series = sink.counts.series(function, end, minutes)
+    return web.json_response(
+        {"function": function, "end_minute": end, "minutes": minutes, "counts": series.tolist()}
+    )
 
 
 def _cluster_watch(

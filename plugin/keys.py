@@ -5,9 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from plugin.cluster import ClusterCache
+from plugin.events import EventSink
 from plugin.extender import Extender
 from plugin.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
 CACHE = web.AppKey("cache", ClusterCache)
 EXTENDER = web.AppKey("extender", Extender)
+EVENTS = web.AppKey("events", EventSink)

@@ -105,6 +105,27 @@ class KubeSettings:
 
 
 @dataclass(frozen=True)
+class HistorySettings:
+    path: Path = _setting(
+        Path("kdrl-history.db"),
+        "KDRL_HISTORY_PATH",
+        "SQLite file of the invocation history (WAL mode); put it on a persistent volume.",
+    )
+    events_max_body_bytes: int = _setting(
+        1024 * 1024,
+        "KDRL_EVENTS_MAX_BODY_BYTES",
+        "Largest CloudEvents request body, bytes (413 above).",
+        check=_positive,
+    )
+    events_max_pending: int = _setting(
+        1024,
+        "KDRL_EVENTS_MAX_PENDING",
+        "Event requests waiting for a commit before new ones get 429 (Eventing retries them).",
+        check=_positive,
+    )
+
+
+@dataclass(frozen=True)
 class PolicySettings:
     name: str = _setting(
         "kube-default",
@@ -133,6 +154,7 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     kube: KubeSettings = field(default_factory=KubeSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
+    history: HistorySettings = field(default_factory=HistorySettings)
     log: LogSettings = field(default_factory=LogSettings)
 
     @property
@@ -144,6 +166,7 @@ GROUPS: tuple[tuple[str, type[Any]], ...] = (
     ("server", ServerSettings),
     ("kube", KubeSettings),
     ("policy", PolicySettings),
+    ("history", HistorySettings),
     ("log", LogSettings),
 )
 

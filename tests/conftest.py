@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bench import synthetic
 from plugin import app as service
-from plugin.settings import KubeSettings, Settings
+from plugin.settings import HistorySettings, KubeSettings, Settings
 from tests.fakekube import FakeKube
 
 _EXPORTER = InMemorySpanExporter()
@@ -71,7 +71,8 @@ async def offline_client(
         kube=KubeSettings(
             nodes_file=write_objects(tmp_path, "nodes.json", nodes),
             pods_file=write_objects(tmp_path, "pods.json", pods),
-        )
+        ),
+        history=HistorySettings(path=tmp_path / "history.db"),
     )
     result: TestClient[web.Request, web.Application] = await aiohttp_client(
         await service.create_app(settings)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -14,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from bench import synthetic
 from plugin import app as service
 from plugin.keys import CACHE
-from plugin.settings import KubeSettings, Settings
+from plugin.settings import HistorySettings, KubeSettings, Settings
 from tests.fakekube import FakeKube
 
 Client = TestClient[web.Request, web.Application]
@@ -31,9 +33,9 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
 
 
 async def watching_client(aiohttp_client: Any, url: str) -> Client:
-    settings = Settings(
-        kube=KubeSettings(api_url=url, watch_timeout_s=1, backoff_max_s=0.2, request_timeout_s=2)
-    )
+    kube = KubeSettings(api_url=url, watch_timeout_s=1, backoff_max_s=0.2, request_timeout_s=2)
+    history = HistorySettings(path=Path(tempfile.mkdtemp()) / "history.db")
+    settings = Settings(kube=kube, history=history)
     client: Client = await aiohttp_client(await service.create_app(settings))
     return client
 

@@ -1,0 +1,241 @@
+"""Per-function invocation history: minute counts in memory, durable in SQLite.
+
+`MinuteCounts` keeps the last two days of per-minute counts of every function in one ring
+matrix of uint16 (counts above 65,534 go to a small overflow map), about 5.8 kB a function,
+so 10,000 functions fit in ~58 MB. `HistoryStore` is the durable truth: a SQLite database in
+WAL mode with minute rows for two days and hourly rows beyond, plus the (source, id) keys of
+recent events, so a redelivered event never counts twice, across restarts too. A write
+returns only once its transaction is committed. A database that SQLite cannot read is moved
+aside (loudly) and a new one started, rather than crash-looping the service.
+What this module does not do: parse events, or forecast.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+logger = logging.getLogger(__name__)
+
+MINUTES_KEPT = 2 * 24 * 60  # two days at minute resolution; older minutes roll up to hours
+_SATURATED = np.iinfo(np.uint16).max
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """`count` invocations of `function` ("namespace/service") in the minute `minute`
+    (minutes since the Unix epoch)."""
+
+    function: str
+    minute: int
+    count: int
+
+
+class MinuteCounts:
+    """The last `MINUTES_KEPT` minutes of every function's counts, in blocks of ring rows.
+
+    Rows live in fixed blocks of `BLOCK_ROWS` functions, so growing never copies (no
+    temporary doubling of memory)."""
+
+    BLOCK_ROWS = 1024
+
+    def __init__(self) -> None:
+        self._rows: dict[str, int] = {}
+        self._blocks: list[npt.NDArray[np.uint16]] = []
+        self._latest: list[int] = []  # newest minute written per row, -1 for none
+        self._overflow: dict[tuple[int, int], int] = {}
+
+    @property
+    def functions(self) -> list[str]:
+        return list(self._rows)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._blocks)
+
+    def add(self, function: str, minute: int, count: int) -> None:
+        row = self._row(function)
+        latest = self._latest[row]
+        if latest >= 0 and minute <= latest - MINUTES_KEPT:
+            return  # older than the ring: only the durable store keeps it (as hours)
+        if minute > latest:
+            self._clear(row, latest, minute)
+            self._latest[row] = minute
+        slot = minute % MINUTES_KEPT
+        total = self._get(row, slot) + count
+        ring = self._ring(row)
+        if total >= _SATURATED:
+            self._overflow[(row, slot)] = total
+            ring[slot] = _SATURATED
+        else:
+            self._overflow.pop((row, slot), None)
+            ring[slot] = total
+
+    def series(self, function: str, end_minute: int, minutes: int) -> npt.NDArray[np.int64]:
+        """Counts for minutes [end - minutes, end), zeros where nothing (or nothing kept)."""
+        out = np.zeros(minutes, dtype=np.int64)
+        row = self._rows.get(function)
+        if row is None:
+            return out
+        latest = self._latest[row]
+        start = max(end_minute - minutes, latest - MINUTES_KEPT + 1)
+        stop = min(end_minute, latest + 1)
+        if stop > start:
+            kept = np.arange(start, stop)
+            values = self._ring(row)[kept % MINUTES_KEPT].astype(np.int64)
+            for i in np.flatnonzero(values == _SATURATED):
+                values[i] = self._overflow.get((row, int(kept[i]) % MINUTES_KEPT), _SATURATED)
+            out[start - (end_minute - minutes) : stop - (end_minute - minutes)] = values
+        return out
+
+    def _ring(self, row: int) -> npt.NDArray[np.uint16]:
+        ring: npt.NDArray[np.uint16] = self._blocks[row // self.BLOCK_ROWS][row % self.BLOCK_ROWS]
+        return ring
+
+    def _get(self, row: int, slot: int) -> int:
+        value = int(self._ring(row)[slot])
+        return self._overflow.get((row, slot), value) if value == _SATURATED else value
+
+    def _clear(self, row: int, latest: int, minute: int) -> None:
+        """Zero the slots of minutes after `latest` up to `minute` (they had no invocations)."""
+        ring = self._ring(row)
+        if latest < 0 or minute - latest >= MINUTES_KEPT:
+            ring[:] = 0
+            self._overflow = {k: v for k, v in self._overflow.items() if k[0] != row}
+            return
+        slots = np.arange(latest + 1, minute + 1) % MINUTES_KEPT
+        ring[slots] = 0
+        for slot in slots.tolist():
+            self._overflow.pop((row, slot), None)
+
+    def _row(self, function: str) -> int:
+        row = self._rows.get(function)
+        if row is not None:
+            return row
+        row = len(self._rows)
+        if row == len(self._blocks) * self.BLOCK_ROWS:
+            self._blocks.append(np.zeros((self.BLOCK_ROWS, MINUTES_KEPT), dtype=np.uint16))
+        self._rows[function] = row
+        self._latest.append(-1)
+        return row
+
+
+class HistoryStore:
+    """The durable history: SQLite in WAL mode, one transaction per batch of writes."""
+
+    def __init__(self, path: Path | str, *, dedup_window_s: float = 24 * 3600.0) -> None:
+        self.path = Path(path) if str(path) != ":memory:" else None
+        self._dedup_window_s = dedup_window_s
+        self._db = self._open(str(path))
+
+    def _open(self, location: str) -> sqlite3.Connection:
+        try:
+            return _connect(location)
+        except sqlite3.DatabaseError as error:
+            if self.path is None:
+                raise
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            logger.error(
+                "history database %s is unreadable (%s); moved to %s, starting empty", self.path, error, aside
+            )
+            self.path.rename(aside)
+            for suffix in ("-wal", "-shm"):
+                sidecar = self.path.with_name(self.path.name + suffix)
+                if sidecar.exists():
+                    sidecar.rename(aside.with_name(aside.name + suffix))
+            return _connect(location)
+
+    def record(
+        self, batches: Sequence[tuple[tuple[str, str] | None, Sequence[Count]]], now: float
+    ) -> list[bool]:
+        """Commit many events' counts in one transaction (group commit).
+
+        Each batch is (its event's (source, id), or None, its counts). An event already seen
+        within the dedup window is skipped. Returns, per batch, whether it was new.
+        """
+        fresh = []
+        with self._db:
+            for key, counts in batches:
+                if key is not None:
+                    inserted = self._db.execute(
+                        "INSERT OR IGNORE INTO seen(source, id, at) VALUES (?, ?, ?)", (*key, now)
+                    ).rowcount
+                    if not inserted:
+                        fresh.append(False)
+                        continue
+                self._db.executemany(
+                    "INSERT INTO minutes(function, minute, count) VALUES (?, ?, ?) "
+                    "ON CONFLICT(function, minute) DO UPDATE SET count = count + excluded.count",
+                    [(c.function, c.minute, c.count) for c in counts],
+                )
+                fresh.append(True)
+        return fresh
+
+    def minutes(self, since_minute: int) -> Iterator[Count]:
+        """Minute rows from `since_minute` on, oldest first (to rebuild `MinuteCounts`)."""
+        query = "SELECT function, minute, count FROM minutes WHERE minute >= ? ORDER BY minute"
+        for function, minute, count in self._db.execute(query, (since_minute,)):
+            yield Count(function, minute, count)
+
+    def hours(self, function: str) -> list[tuple[int, int]]:
+        """(hour since the epoch, count) rows of one function, rolled up from old minutes."""
+        query = "SELECT hour, count FROM hours WHERE function = ? ORDER BY hour"
+        return [(h, c) for h, c in self._db.execute(query, (function,))]
+
+    def compact(self, *, now_minute: int, now: float) -> None:
+        """Roll minutes older than two days up into hours; forget old dedup keys."""
+        cutoff = now_minute - MINUTES_KEPT
+        with self._db:
+            self._db.execute(
+                "INSERT INTO hours(function, hour, count) "
+                "SELECT function, minute / 60, SUM(count) FROM minutes WHERE minute < ? "
+                "GROUP BY function, minute / 60 "
+                "ON CONFLICT(function, hour) DO UPDATE SET count = count + excluded.count",
+                (cutoff,),
+            )
+            self._db.execute("DELETE FROM minutes WHERE minute < ?", (cutoff,))
+            self._db.execute("DELETE FROM seen WHERE at < ?", (now - self._dedup_window_s,))
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _connect(location: str) -> sqlite3.Connection:
+    db = sqlite3.connect(location, isolation_level="DEFERRED", check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")  # an acknowledged event survives power loss too
+    db.executescript(
+        """
+        CREATE TABLE IF NOT EXISTS minutes (function TEXT NOT NULL, minute INTEGER NOT NULL,
+            count INTEGER NOT NULL, PRIMARY KEY (function, minute)) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS hours (function TEXT NOT NULL, hour INTEGER NOT NULL,
+            count INTEGER NOT NULL, PRIMARY KEY (function, hour)) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS seen (source TEXT NOT NULL, id TEXT NOT NULL, at REAL NOT NULL,
+            PRIMARY KEY (source, id)) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS seen_at ON seen(at);
+        """
+    )
+    db.execute("SELECT count(*) FROM minutes").fetchone()  # a corrupt file fails here, not later
+    return db
+
+
+def rebuild(store: HistoryStore, counts: MinuteCounts, *, now_minute: int) -> int:
+    """Load the store's last two days into `counts`; returns the rows read."""
+    rows = 0
+    for row in store.minutes(now_minute - MINUTES_KEPT + 1):
+        counts.add(row.function, row.minute, row.count)
+        rows += 1
+    return rows
+
+
+def idle_minutes(series: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """Idle periods between invocation minutes of one series (minutes), as the policy sees them."""
+    minutes = np.flatnonzero(series)
+    return np.diff(minutes).astype(np.float64)

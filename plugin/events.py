@@ -1,0 +1,224 @@
+"""The CloudEvents sink: Knative Eventing delivers here what the forecaster learns from.
+
+`POST /events` (and `POST /`) takes binary, structured and batched CloudEvents 1.0, parsed
+with the `cloudevents` 2.x SDK (a batch is a JSON array of structured events; the SDK has no
+batch mode). Understood now: `dev.kdrl.invocations.v1`, counts from adapters. Other types are
+acknowledged, counted and logged at debug level. Answers: 202 with an empty body once the
+counts are committed to the history database (several requests share one commit), 400 for a
+malformed event (Eventing does not retry it), 413 above the size limit, 429 while the commit
+queue is full (Eventing retries it). Redeliveries are deduplicated by (source, id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+from cloudevents.core.base import BaseCloudEvent
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event
+from cloudevents.core.exceptions import BaseCloudEventException
+from opentelemetry import context, trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from forecaster.history import Count, HistoryStore, MinuteCounts
+from plugin.errors import BadRequest
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+INVOCATIONS = "dev.kdrl.invocations.v1"
+BATCH_CONTENT_TYPE = "application/cloudevents-batch"
+MAX_COUNT = 10**8  # per report: far above any function's minute (the trace's busiest: ~10^5)
+MAX_WINDOW_S = 3600  # one report covers at most an hour
+FUTURE_SLACK = timedelta(minutes=5)  # clock skew we forgive
+OLDEST = timedelta(days=30)  # older reports are refused: history beyond two days is hourly anyway
+
+
+class QueueFull(Exception):
+    """The commit queue is at its limit: answer 429 so the sender retries later."""
+
+
+@dataclass
+class _Pending:
+    batches: list[tuple[tuple[str, str] | None, list[Count]]]
+    done: asyncio.Future[list[bool]]
+
+
+@dataclass
+class EventSink:
+    """Turns events into counts and commits them in groups; owns the in-memory view too."""
+
+    store: HistoryStore
+    counts: MinuteCounts
+    clock: Callable[[], float]
+    max_pending: int = 1024
+    unknown_types: Counter[str] = field(default_factory=Counter)
+    _queue: list[_Pending] = field(default_factory=list)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def commit(self, batches: list[tuple[tuple[str, str] | None, list[Count]]]) -> list[bool]:
+        """Wait until these events are durable; returns which were new (not redeliveries)."""
+        if len(self._queue) >= self.max_pending:
+            raise QueueFull()
+        pending = _Pending(batches, asyncio.get_running_loop().create_future())
+        self._queue.append(pending)
+        self._wake.set()
+        return await pending.done
+
+    async def run(self) -> None:
+        """Commit whatever has queued up, one transaction at a time, until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            group, self._queue = self._queue, []
+            if not group:
+                continue
+            flat = [batch for pending in group for batch in pending.batches]
+            try:
+                fresh = await loop.run_in_executor(None, self.store.record, flat, self.clock())
+            except Exception as error:  # the database failed: nothing was acknowledged
+                logger.exception("committing %d events failed", len(flat))
+                for pending in group:
+                    pending.done.set_exception(error)
+                continue
+            position = 0
+            for pending in group:
+                mine = fresh[position : position + len(pending.batches)]
+                position += len(pending.batches)
+                for (_, counts), new in zip(pending.batches, mine):
+                    if new:
+                        for c in counts:
+                            self.counts.add(c.function, c.minute, c.count)
+                pending.done.set_result(mine)
+
+
+def parse(headers: Mapping[str, str], body: bytes) -> list[BaseCloudEvent]:
+    """The events of one HTTP request, in any content mode."""
+    content_type = headers.get("Content-Type", headers.get("content-type", ""))
+    try:
+        if content_type.startswith(BATCH_CONTENT_TYPE):
+            items = json.loads(body)
+            if not isinstance(items, list):
+                raise BadRequest("a batch must be a JSON array of structured events")
+            structured = {"content-type": "application/cloudevents+json"}
+            return [
+                from_http_event(HTTPMessage(headers=structured, body=json.dumps(item).encode()))
+                for item in items
+            ]
+        return [from_http_event(HTTPMessage(headers=dict(headers), body=body))]
+    except (BaseCloudEventException, ValueError, TypeError, AttributeError) as error:
+        raise BadRequest(f"not a valid CloudEvent: {error}") from error
+
+
+def invocation_counts(event: BaseCloudEvent, *, now: datetime) -> list[Count]:
+    """The counts a `dev.kdrl.invocations.v1` event reports, spread over the minutes they cover."""
+    data = event.get_data()
+    reports = data if isinstance(data, list) else [data]
+    counts: list[Count] = []
+    for i, report in enumerate(reports):
+        where = f"data[{i}]" if isinstance(data, list) else "data"
+        if not isinstance(report, dict):
+            raise BadRequest(f"{where}: expected an object with function, start, seconds, count")
+        counts.extend(_spread(report, where, now))
+    return counts
+
+
+def _spread(report: dict[str, Any], where: str, now: datetime) -> list[Count]:
+    function = report.get("function")
+    if not isinstance(function, str) or function.count("/") != 1 or not all(function.split("/")):
+        raise BadRequest(f"{where}.function: expected 'namespace/service', got {function!r}")
+    count, seconds = report.get("count"), report.get("seconds", 60)
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
+        raise BadRequest(f"{where}.count: expected an integer 0..{MAX_COUNT}, got {count!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_WINDOW_S:
+        raise BadRequest(f"{where}.seconds: expected 0 < seconds <= {MAX_WINDOW_S}, got {seconds!r}")
+    start = _timestamp(report.get("start"), f"{where}.start")
+    if start > now + FUTURE_SLACK or start < now - OLDEST:
+        raise BadRequest(f"{where}.start: {start.isoformat()} is too far from now ({now.isoformat()})")
+    first = int(start.timestamp() // 60)
+    last = int(math.ceil((start.timestamp() + seconds) / 60)) - 1
+    minutes = list(range(first, max(last, first) + 1))
+    share, extra = divmod(count, len(minutes))
+    spread = [share + (1 if i < extra else 0) for i in range(len(minutes))]
+    return [Count(function, m, c) for m, c in zip(minutes, spread) if c]
+
+
+def _timestamp(raw: object, where: str) -> datetime:
+    if not isinstance(raw, str):
+        raise BadRequest(f"{where}: expected an RFC 3339 timestamp")
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError as error:
+        raise BadRequest(f"{where}: {raw!r} is not an RFC 3339 timestamp") from error
+    if parsed.tzinfo is None:
+        raise BadRequest(f"{where}: {raw!r} has no time zone")
+    return parsed
+
+
+async def receive(request: web.Request, sink: EventSink, *, max_body: int) -> web.Response:
+    """The handler: parse, interpret, commit, answer (202 with an empty body)."""
+    body = await _read_at_most(request, max_body)
+    if body is None:
+        return web.json_response({"Error": f"event body larger than {max_body} bytes"}, status=413)
+    events = parse(request.headers, body)
+    now = datetime.fromtimestamp(sink.clock(), tz=UTC)
+    batches: list[tuple[tuple[str, str] | None, list[Count]]] = []
+    for event in events:
+        with _event_span(event):
+            batches.append(((event.get_source(), event.get_id()), _counts_of(event, sink, now)))
+    try:
+        if any(counts for _, counts in batches):
+            await sink.commit([b for b in batches if b[1]])
+    except QueueFull:
+        return web.Response(status=429, headers={"Retry-After": "1"})
+    return web.Response(status=202)
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it is known to exceed `limit`."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _counts_of(event: BaseCloudEvent, sink: EventSink, now: datetime) -> list[Count]:
+    if event.get_type() == INVOCATIONS:
+        return invocation_counts(event, now=now)
+    sink.unknown_types[event.get_type()] += 1
+    logger.debug("ignoring CloudEvent of type %s from %s", event.get_type(), event.get_source())
+    return []
+
+
+def _event_span(event: BaseCloudEvent) -> Any:
+    """A span per event, continuing the trace of its `traceparent` extension when present."""
+    parent = context.get_current()
+    traceparent = event.get_extension("traceparent")
+    if isinstance(traceparent, str):
+        parent = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    attributes = {
+        "cloudevents.event_id": event.get_id(),
+        "cloudevents.event_source": event.get_source(),
+        "cloudevents.event_spec_version": "1.0",
+        "cloudevents.event_type": event.get_type(),
+    }
+    subject = event.get_subject()
+    if subject:
+        attributes["cloudevents.event_subject"] = subject
+    return tracer.start_as_current_span(
+        f"{event.get_type()} process", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes
+    )

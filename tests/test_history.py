@@ -1,0 +1,78 @@
+"""Invocation history: the minute ring, the SQLite store, dedup, compaction, corruption."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forecaster.history import MINUTES_KEPT, Count, HistoryStore, MinuteCounts, idle_minutes, rebuild
+
+
+def test_ring_keeps_two_days_and_adds_up() -> None:
+    counts = MinuteCounts()
+    counts.add("ns/a", 100, 2)
+    counts.add("ns/a", 100, 3)
+    counts.add("ns/a", 103, 1)
+    counts.add("ns/b", 101, 70_000)  # beyond uint16: kept exactly
+    assert list(counts.series("ns/a", 104, 5)) == [0, 5, 0, 0, 1]
+    assert counts.series("ns/b", 102, 1)[0] == 70_000
+    counts.add("ns/a", 100 + MINUTES_KEPT, 4)  # two days later, minute 100 has left the ring
+    series = counts.series("ns/a", 101 + MINUTES_KEPT, MINUTES_KEPT + 1)
+    assert series[0] == 0 and series[-1] == 4 and series.sum() == 5  # 103's 1 is still in
+    assert list(counts.series("ns/unknown", 10, 3)) == [0, 0, 0]
+    assert counts.functions == ["ns/a", "ns/b"]
+
+
+def test_ring_size_fits_the_memory_budget() -> None:
+    counts = MinuteCounts()
+    for i in range(10_000):
+        counts.add(f"ns/f{i}", 5, 1)
+    assert counts.nbytes == 10 * 1024 * MINUTES_KEPT * 2  # ten blocks of 1,024 rows: 59 MB
+
+
+def test_idle_minutes() -> None:
+    assert list(idle_minutes(np.array([0, 1, 0, 0, 2, 1]))) == [3.0, 1.0]
+
+
+def test_store_commits_dedups_and_rebuilds(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    store = HistoryStore(path)
+    fresh = store.record(
+        [
+            (("src", "1"), [Count("ns/a", 10, 2)]),
+            (("src", "1"), [Count("ns/a", 10, 2)]),
+            (None, [Count("ns/b", 11, 1)]),
+        ],
+        now=1000.0,
+    )
+    assert fresh == [True, False, True]
+    store.close()
+    again = HistoryStore(path)  # a restart: the same data, and the same dedup memory
+    assert again.record([(("src", "1"), [Count("ns/a", 10, 9)])], 1001.0) == [False]
+    counts = MinuteCounts()
+    assert rebuild(again, counts, now_minute=20) == 2
+    assert counts.series("ns/a", 11, 1)[0] == 2
+
+
+def test_compaction_rolls_old_minutes_into_hours_and_forgets_old_keys(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.db", dedup_window_s=60)
+    store.record(
+        [(("s", "old"), [Count("ns/a", 60, 1), Count("ns/a", 61, 2), Count("ns/a", 5000, 3)])], now=0.0
+    )
+    store.compact(now_minute=5000, now=100.0)
+    assert store.hours("ns/a") == [(1, 3)]
+    assert [c.minute for c in store.minutes(0)] == [5000]
+    assert store.record([(("s", "old"), [Count("ns/a", 5000, 1)])], 101.0) == [True]  # key expired
+
+
+def test_a_corrupt_database_is_moved_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "history.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with caplog.at_level(logging.ERROR):
+        store = HistoryStore(path)
+    assert "unreadable" in caplog.text
+    assert list(tmp_path.glob("history.db.corrupt-*"))
+    assert store.record([(None, [Count("ns/a", 1, 1)])], 0.0) == [True]
