@@ -19,10 +19,11 @@ from kubernetes.aio.client import ApiClient
 from forecaster import history
 from forecaster.history import HistoryStore, MinuteCounts
 from plugin import events, kube, objectfiles, wire
-from plugin.cluster import ClusterCache, WatchSettings
+from plugin.cluster import ClusterCache
 from plugin.errors import BadRequest
 from plugin.events import EventSink
 from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
+from plugin.informer import WatchSettings
 from plugin.keys import CACHE, EVENTS, EXTENDER, SETTINGS
 from plugin.settings import Settings
 from policies import heuristics

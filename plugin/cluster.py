@@ -1,11 +1,8 @@
 """The cluster cache: list + watch of nodes and placed pods, published as immutable snapshots.
 
 Background tasks keep an `Inventory` current and swap a fresh `Snapshot` in; the request path
-reads `cache.snapshot` and never awaits. A watch that the server ends resumes from its
-last resourceVersion; a 410 Gone relists at once; a failed connection is retried with capped
-exponential backoff and then relists (that proves the API is back and catches up in one
-step; the history may have been compacted meanwhile). Throughout, the last snapshot keeps
-serving and reports how stale it is.
+reads `cache.snapshot` and never awaits. The list+watch loop is `informer.follow`;
+throughout an outage the last snapshot keeps serving and reports how stale it is.
 In offline mode (`from_objects`) the same cache serves fixed lists and watches nothing.
 """
 
@@ -13,16 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
-from plugin import kube
-from plugin.errors import KubeApiError
+from plugin import informer, kube
+from plugin.informer import WatchSettings
 from plugin.inventory import Inventory
 from policies.types import NodeTable, PodRequest
 
@@ -43,15 +39,6 @@ class Snapshot:
     def age(self, now: float) -> float:
         """Seconds the snapshot may have missed changes for (0 while the watches are live)."""
         return 0.0 if self.stale_since is None else max(0.0, now - self.stale_since)
-
-
-@dataclass(frozen=True, slots=True)
-class WatchSettings:
-    list_timeout_s: float = 30.0
-    watch_timeout_s: int = 300  # the server ends each watch after this; we resume at once
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
-    publish_interval_s: float = 0.05  # coalesces bursts of events into one snapshot
 
 
 class ClusterCache:
@@ -116,76 +103,16 @@ class ClusterCache:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._publish_loop())
             if self._api is not None:
-                tasks.create_task(self._sync(NODES, kube.node_lister(self._api), {}))
-                pods = kube.placed_pod_lister(self._api)
-                tasks.create_task(self._sync(PODS, pods, {"field_selector": "spec.nodeName!="}))
+                tasks.create_task(informer.follow(kube.nodes(self._api), _Kind(self, NODES), self._settings))
+                tasks.create_task(
+                    informer.follow(kube.placed_pods(self._api), _Kind(self, PODS), self._settings)
+                )
 
     async def _publish_loop(self) -> None:
         while True:
             await self._dirty.wait()
             self.publish()
             await asyncio.sleep(self._settings.publish_interval_s)
-
-    async def _sync(self, kind: str, lister: Callable[..., Awaitable[Any]], query: dict[str, str]) -> None:
-        backoff = Backoff(self._settings.backoff_initial_s, self._settings.backoff_max_s)
-        version: str | None = None
-        while True:
-            try:
-                if version is None:
-                    version = await self._relist(kind, lister, query)
-                async for type_, obj in kube.watch_objects(
-                    lister, resource_version=version, timeout_s=self._settings.watch_timeout_s, **query
-                ):
-                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
-                    self._apply(kind, type_, obj)
-                    backoff.reset()
-            except KubeApiError as error:
-                if error.status == 410:
-                    logger.info("%s watch expired at resourceVersion %s; relisting", kind, version)
-                    version = None
-                    continue
-                version = None  # relisting proves the API is back and catches up in one step
-                await self._wait_after_failure(kind, error, backoff)
-            except Exception as error:  # a bug must not end the watch for good
-                logger.exception("%s watch failed unexpectedly", kind)
-                version = None
-                await self._wait_after_failure(kind, error, backoff)
-
-    async def _relist(self, kind: str, lister: Callable[..., Awaitable[Any]], query: dict[str, str]) -> str:
-        items, version = await kube.list_objects(lister, timeout_s=self._settings.list_timeout_s, **query)
-        if kind == NODES:
-            self._inventory.clear_nodes()
-            for obj in items:
-                self._inventory.upsert_node(obj)
-        else:
-            self._inventory.clear_pods()
-            for obj in items:
-                self._inventory.upsert_pod(obj)
-        first = kind not in self._listed
-        self._listed.add(kind)
-        self._set_live(kind, True)
-        logger.info("listed %d %s at resourceVersion %s", len(items), kind, version)
-        if first:
-            self.publish()  # readiness should not wait for the publish interval
-        else:
-            self._dirty.set()
-        return version
-
-    def _apply(self, kind: str, type_: str, obj: Mapping[str, Any]) -> None:
-        if type_ == "BOOKMARK":
-            return
-        deleted = type_ == "DELETED"
-        if kind == NODES:
-            (self._inventory.delete_node if deleted else self._inventory.upsert_node)(obj)
-        else:
-            (self._inventory.delete_pod if deleted else self._inventory.upsert_pod)(obj)
-        self._dirty.set()
-
-    async def _wait_after_failure(self, kind: str, error: Exception, backoff: Backoff) -> None:
-        delay = backoff.next()
-        logger.warning("%s watch: %s; retrying in %.1fs (serving the last snapshot)", kind, error, delay)
-        self._set_live(kind, False)
-        await asyncio.sleep(delay)
 
     def _set_live(self, kind: str, live: bool) -> None:
         was = self._stale_since[kind]
@@ -197,17 +124,33 @@ class ClusterCache:
             self._dirty.set()
 
 
-class Backoff:
-    """Capped exponential backoff with full jitter, so replicas do not retry in lockstep."""
+@dataclass(frozen=True)
+class _Kind:
+    """The cache's side of one informer: nodes or placed pods into the inventory."""
 
-    def __init__(self, initial_s: float, max_s: float) -> None:
-        self._initial, self._max = initial_s, max_s
-        self._attempt = 0
+    cache: ClusterCache
+    kind: str
 
-    def next(self) -> float:
-        ceiling = min(self._max, self._initial * 2**self._attempt)
-        self._attempt += 1
-        return random.uniform(ceiling / 2, ceiling)
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        inventory = self.cache._inventory
+        (inventory.clear_nodes if self.kind == NODES else inventory.clear_pods)()
+        upsert = inventory.upsert_node if self.kind == NODES else inventory.upsert_pod
+        for obj in items:
+            upsert(obj)
+        first = self.kind not in self.cache._listed
+        self.cache._listed.add(self.kind)
+        if first:
+            self.cache._set_live(self.kind, True)
+            self.cache.publish()  # readiness should not wait for the publish interval
+        self.cache._dirty.set()
 
-    def reset(self) -> None:
-        self._attempt = 0
+    def apply(self, type_: str, obj: dict[str, Any]) -> None:
+        inventory = self.cache._inventory
+        if self.kind == NODES:
+            (inventory.delete_node if type_ == "DELETED" else inventory.upsert_node)(obj)
+        else:
+            (inventory.delete_pod if type_ == "DELETED" else inventory.upsert_pod)(obj)
+        self.cache._dirty.set()
+
+    def live(self, live: bool) -> None:
+        self.cache._set_live(self.kind, live)

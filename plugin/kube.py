@@ -65,23 +65,39 @@ async def connect(*, api_url: str | None, kubeconfig: Path | None) -> client.Api
 
 
 @api_call("", "nodes", "list", "watch")
-def node_lister(api: client.ApiClient) -> Callable[..., Awaitable[Any]]:
-    return client.CoreV1Api(api).list_node
+def nodes(api: client.ApiClient) -> Collection:
+    return Collection("nodes", client.CoreV1Api(api).list_node)
 
 
 @api_call("", "pods", "list", "watch")
-def placed_pod_lister(api: client.ApiClient) -> Callable[..., Awaitable[Any]]:
-    """Pods across namespaces; callers pass the `spec.nodeName!=` field selector."""
-    return client.CoreV1Api(api).list_pod_for_all_namespaces
+def placed_pods(api: client.ApiClient) -> Collection:
+    """Pods across namespaces that have a node."""
+    lister = client.CoreV1Api(api).list_pod_for_all_namespaces
+    return Collection("pods", lister, query=(("field_selector", "spec.nodeName!="),))
 
 
-async def list_objects(
-    lister: Callable[..., Awaitable[Any]], *, timeout_s: float, **query: Any
-) -> tuple[list[Obj], str]:
+@dataclass(frozen=True)
+class Collection:
+    """A list+watch-able collection: the client's list method with its arguments."""
+
+    name: str
+    lister: Callable[..., Awaitable[Any]]
+    args: tuple[Any, ...] = ()
+    query: tuple[tuple[str, str], ...] = ()
+
+
+@api_call("eventing.knative.dev", "triggers", "list", "watch")
+def triggers(api: client.ApiClient) -> Collection:
+    lister = client.CustomObjectsApi(api).list_cluster_custom_object
+    return Collection("triggers", lister, ("eventing.knative.dev", "v1", "triggers"))
+
+
+async def list_objects(collection: Collection, *, timeout_s: float) -> tuple[list[Obj], str]:
     """All items of a collection and the list's resourceVersion."""
+    lister = collection.lister
     raw = getattr(lister.__self__, f"{lister.__name__}_without_preload_content")  # type: ignore[attr-defined]
     try:
-        response = await raw(_request_timeout=timeout_s, **query)
+        response = await raw(*collection.args, _request_timeout=timeout_s, **dict(collection.query))
         async with response:
             body = await response.read()
             status = response.status
@@ -94,7 +110,7 @@ async def list_objects(
 
 
 async def watch_objects(
-    lister: Callable[..., Awaitable[Any]], *, resource_version: str, timeout_s: int, **query: Any
+    collection: Collection, *, resource_version: str, timeout_s: int
 ) -> AsyncIterator[tuple[str, Obj]]:
     """(type, object) events after `resource_version` until the server ends the stream.
 
@@ -103,11 +119,12 @@ async def watch_objects(
     stream = watch.Watch(return_type="object")
     try:
         async for event in stream.stream(
-            lister,
+            collection.lister,
+            *collection.args,
             resource_version=resource_version,
             timeout_seconds=timeout_s,
             allow_watch_bookmarks=True,
-            **query,
+            **dict(collection.query),
         ):
             yield str(event["type"]), event["raw_object"]
     except client.ApiException as error:
