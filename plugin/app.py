@@ -18,7 +18,7 @@ from kubernetes.aio.client import ApiClient
 
 from forecaster import history
 from forecaster.history import HistoryStore, MinuteCounts
-from plugin import events, kube, objectfiles, wire
+from plugin import events, informer, kube, objectfiles, wire
 from plugin.cluster import ClusterCache
 from plugin.errors import BadRequest
 from plugin.events import EventSink
@@ -26,6 +26,7 @@ from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
 from plugin.informer import WatchSettings
 from plugin.keys import CACHE, EVENTS, EXTENDER, SETTINGS
 from plugin.settings import Settings
+from plugin.triggers import TriggerIndex
 from policies import heuristics
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     app[EVENTS] = _event_sink(settings)
     app.cleanup_ctx.append(_cluster_watch(cache, api))
     app.cleanup_ctx.append(_event_commits(app[EVENTS]))
+    if api is not None:
+        app.cleanup_ctx.append(_trigger_watch(app[EVENTS].triggers, api, watch))
     app.add_routes(
         [
             web.post(f"{EXTENDER_PREFIX}/filter", _filter),
@@ -88,6 +91,19 @@ def _event_sink(settings: Settings) -> EventSink:
     return EventSink(
         store=store, counts=counts, clock=time.time, max_pending=settings.history.events_max_pending
     )
+
+
+def _trigger_watch(
+    index: TriggerIndex, api: ApiClient, settings: WatchSettings
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(informer.follow(kube.triggers(api), index, settings), name="triggers")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return lifetime
 
 
 def _event_commits(sink: EventSink) -> Callable[[web.Application], AsyncIterator[None]]:

@@ -2,8 +2,10 @@
 
 `POST /events` (and `POST /`) takes binary, structured and batched CloudEvents 1.0, parsed
 with the `cloudevents` 2.x SDK (a batch is a JSON array of structured events; the SDK has no
-batch mode). Understood now: `dev.kdrl.invocations.v1`, counts from adapters. Other types are
-acknowledged, counted and logged at debug level. Answers: 202 with an empty body once the
+batch mode). Understood: `dev.kdrl.invocations.v1`, counts from adapters; and any event a
+Broker delivers, as one invocation of each Knative Service whose Trigger would deliver it
+(`triggers`). Events that invoke nothing known are acknowledged, counted and logged at debug
+level. Answers: 202 with an empty body once the
 counts are committed to the history database (several requests share one commit), 400 for a
 malformed event (Eventing does not retry it), 413 above the size limit, 429 while the commit
 queue is full (Eventing retries it). Redeliveries are deduplicated by (source, id).
@@ -30,6 +32,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from forecaster.history import Count, HistoryStore, MinuteCounts
 from plugin.errors import BadRequest
+from plugin.triggers import TriggerIndex, attributes_of
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -59,6 +62,7 @@ class EventSink:
     store: HistoryStore
     counts: MinuteCounts
     clock: Callable[[], float]
+    triggers: TriggerIndex = field(default_factory=TriggerIndex)
     max_pending: int = 1024
     unknown_types: Counter[str] = field(default_factory=Counter)
     _queue: list[_Pending] = field(default_factory=list)
@@ -171,10 +175,11 @@ async def receive(request: web.Request, sink: EventSink, *, max_body: int) -> we
         return web.json_response({"Error": f"event body larger than {max_body} bytes"}, status=413)
     events = parse(request.headers, body)
     now = datetime.fromtimestamp(sink.clock(), tz=UTC)
+    via = Delivery(namespace=request.query.get("namespace"), broker=request.query.get("broker"))
     batches: list[tuple[tuple[str, str] | None, list[Count]]] = []
     for event in events:
         with _event_span(event):
-            batches.append(((event.get_source(), event.get_id()), _counts_of(event, sink, now)))
+            batches.append(((event.get_source(), event.get_id()), _counts_of(event, sink, now, via)))
     try:
         if any(counts for _, counts in batches):
             await sink.commit([b for b in batches if b[1]])
@@ -196,11 +201,30 @@ async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _counts_of(event: BaseCloudEvent, sink: EventSink, now: datetime) -> list[Count]:
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Which Broker delivered the request, from the plugin's Trigger subscriber URI
+    (`/events?namespace=NS&broker=NAME`); None matches Triggers of any."""
+
+    namespace: str | None
+    broker: str | None
+
+
+def _counts_of(event: BaseCloudEvent, sink: EventSink, now: datetime, via: Delivery) -> list[Count]:
     if event.get_type() == INVOCATIONS:
         return invocation_counts(event, now=now)
+    event_attributes = attributes_of(event.get_attributes())
+    functions = sink.triggers.functions_for(event_attributes, namespace=via.namespace, broker=via.broker)
+    if functions:
+        when = event.get_time() or now
+        if not now - OLDEST <= when <= now + FUTURE_SLACK:
+            when = now  # a sender's clock far off: the delivery time is the better guess
+        minute = int(when.timestamp() // 60)
+        return [Count(function, minute, 1) for function in functions]
     sink.unknown_types[event.get_type()] += 1
-    logger.debug("ignoring CloudEvent of type %s from %s", event.get_type(), event.get_source())
+    logger.debug(
+        "CloudEvent of type %s from %s invokes no known function", event.get_type(), event.get_source()
+    )
     return []
 
 

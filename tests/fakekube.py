@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 Obj = dict[str, Any]
+LIST_KINDS = {"nodes": "NodeList", "pods": "PodList", "triggers": "TriggerList"}
 
 
 @dataclass
@@ -42,7 +43,7 @@ class _Event:
 class FakeKube:
     """The state of a tiny cluster, with an event history for watches."""
 
-    objects: dict[str, dict[str, Obj]] = field(default_factory=lambda: {"nodes": {}, "pods": {}})
+    objects: dict[str, dict[str, Obj]] = field(default_factory=lambda: {kind: {} for kind in LIST_KINDS})
     history: list[_Event] = field(default_factory=list)
     version: int = 1
     oldest_retained: int = 1
@@ -85,6 +86,7 @@ class FakeKube:
         app = web.Application(middlewares=[self._record_and_fail])
         app.router.add_get("/api/v1/nodes", self._collection("nodes"))
         app.router.add_get("/api/v1/pods", self._collection("pods"))
+        app.router.add_get("/apis/eventing.knative.dev/v1/triggers", self._collection("triggers"))
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind)
         return app
 
@@ -101,10 +103,9 @@ class FakeKube:
             if request.query.get("watch") in ("true", "1"):
                 return await self._watch(request, kind)
             items = [o for o in self.objects[kind].values() if _selected(o, request)]
-            list_kind = "NodeList" if kind == "nodes" else "PodList"
             return web.json_response(
                 {
-                    "kind": list_kind,
+                    "kind": LIST_KINDS[kind],
                     "apiVersion": "v1",
                     "metadata": {"resourceVersion": str(self.version)},
                     "items": sorted(items, key=_key),
@@ -132,7 +133,7 @@ class FakeKube:
                 last = event.version
             if bookmarks:
                 mark = {
-                    "kind": "Node" if kind == "nodes" else "Pod",
+                    "kind": LIST_KINDS[kind].removesuffix("List"),
                     "apiVersion": "v1",
                     "metadata": {"resourceVersion": str(last)},
                 }
