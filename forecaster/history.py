@@ -38,6 +38,81 @@ class Count:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class PodChange:
+    """What an event says of one Knative pod; times in seconds since the epoch, None unknown."""
+
+    uid: str
+    function: str
+    revision: str
+    created: float
+    ready: float | None = None
+    deleted: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The revision a function's traffic goes to (`routingState: active`); None when gone."""
+
+    function: str
+    revision: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """Everything one event changes in the history."""
+
+    counts: Sequence[Count] = ()
+    pods: Sequence[PodChange] = ()
+    routes: Sequence[Route] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.counts or self.pods or self.routes)
+
+
+class Lifecycle:
+    """Pods and routes as the events told them: scale events and observed cold starts."""
+
+    RECENT = 100  # observed cold starts kept per function
+
+    def __init__(self) -> None:
+        self.pods: dict[str, PodChange] = {}
+        self.routes: dict[str, str] = {}
+        self.cold_starts_s: dict[str, list[float]] = {}
+
+    def apply(self, effect: Effect) -> None:
+        for change in effect.pods:
+            known = self.pods.get(change.uid)
+            merged = (
+                change
+                if known is None
+                else PodChange(
+                    uid=change.uid,
+                    function=change.function,
+                    revision=change.revision,
+                    created=min(known.created, change.created),
+                    ready=known.ready if known.ready is not None else change.ready,
+                    deleted=known.deleted if known.deleted is not None else change.deleted,
+                )
+            )
+            if merged.ready is not None and (known is None or known.ready is None):
+                observed = self.cold_starts_s.setdefault(merged.function, [])
+                observed.append(max(merged.ready - merged.created, 0.0))
+                del observed[: -self.RECENT]
+            if merged.deleted is not None:
+                self.pods.pop(change.uid, None)
+            else:
+                self.pods[change.uid] = merged
+        for route in effect.routes:
+            if route.revision is None:
+                self.routes.pop(route.function, None)
+            else:
+                self.routes[route.function] = route.revision
+
+    def running(self, function: str) -> int:
+        return sum(1 for p in self.pods.values() if p.function == function)
+
+
 class MinuteCounts:
     """The last `MINUTES_KEPT` minutes of every function's counts, in blocks of ring rows.
 
@@ -152,17 +227,15 @@ class HistoryStore:
                     sidecar.rename(aside.with_name(aside.name + suffix))
             return _connect(location)
 
-    def record(
-        self, batches: Sequence[tuple[tuple[str, str] | None, Sequence[Count]]], now: float
-    ) -> list[bool]:
-        """Commit many events' counts in one transaction (group commit).
+    def record(self, batches: Sequence[tuple[tuple[str, str] | None, Effect]], now: float) -> list[bool]:
+        """Commit many events' effects in one transaction (group commit).
 
-        Each batch is (its event's (source, id), or None, its counts). An event already seen
+        Each batch is (its event's (source, id), or None, its effect). An event already seen
         within the dedup window is skipped. Returns, per batch, whether it was new.
         """
         fresh = []
         with self._db:
-            for key, counts in batches:
+            for key, effect in batches:
                 if key is not None:
                     inserted = self._db.execute(
                         "INSERT OR IGNORE INTO seen(source, id, at) VALUES (?, ?, ?)", (*key, now)
@@ -173,7 +246,19 @@ class HistoryStore:
                 self._db.executemany(
                     "INSERT INTO minutes(function, minute, count) VALUES (?, ?, ?) "
                     "ON CONFLICT(function, minute) DO UPDATE SET count = count + excluded.count",
-                    [(c.function, c.minute, c.count) for c in counts],
+                    [(c.function, c.minute, c.count) for c in effect.counts],
+                )
+                self._db.executemany(
+                    "INSERT INTO pods(uid, function, revision, created, ready, deleted) "
+                    "VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(uid) DO UPDATE SET created = min(created, excluded.created), "
+                    "ready = coalesce(ready, excluded.ready), deleted = coalesce(deleted, excluded.deleted)",
+                    [(p.uid, p.function, p.revision, p.created, p.ready, p.deleted) for p in effect.pods],
+                )
+                self._db.executemany(
+                    "INSERT INTO routes(function, revision) VALUES (?, ?) "
+                    "ON CONFLICT(function) DO UPDATE SET revision = excluded.revision",
+                    [(r.function, r.revision) for r in effect.routes],
                 )
                 fresh.append(True)
         return fresh
@@ -183,6 +268,17 @@ class HistoryStore:
         query = "SELECT function, minute, count FROM minutes WHERE minute >= ? ORDER BY minute"
         for function, minute, count in self._db.execute(query, (since_minute,)):
             yield Count(function, minute, count)
+
+    def lifecycle(self, *, since: float) -> Effect:
+        """Pods created since `since` and every route, to rebuild a `Lifecycle`."""
+        rows = self._db.execute(
+            "SELECT uid, function, revision, created, ready, deleted FROM pods "
+            "WHERE created >= ? ORDER BY created",
+            (since,),
+        )
+        pods = [PodChange(*row) for row in rows]
+        routes = [Route(f, r) for f, r in self._db.execute("SELECT function, revision FROM routes")]
+        return Effect(pods=pods, routes=routes)
 
     def hours(self, function: str) -> list[tuple[int, int]]:
         """(hour since the epoch, count) rows of one function, rolled up from old minutes."""
@@ -220,6 +316,9 @@ def _connect(location: str) -> sqlite3.Connection:
         CREATE TABLE IF NOT EXISTS seen (source TEXT NOT NULL, id TEXT NOT NULL, at REAL NOT NULL,
             PRIMARY KEY (source, id)) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS seen_at ON seen(at);
+        CREATE TABLE IF NOT EXISTS pods (uid TEXT PRIMARY KEY, function TEXT NOT NULL,
+            revision TEXT NOT NULL, created REAL NOT NULL, ready REAL, deleted REAL);
+        CREATE TABLE IF NOT EXISTS routes (function TEXT PRIMARY KEY, revision TEXT);
         """
     )
     db.execute("SELECT count(*) FROM minutes").fetchone()  # a corrupt file fails here, not later

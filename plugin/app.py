@@ -17,7 +17,7 @@ from aiohttp import web
 from kubernetes.aio.client import ApiClient
 
 from forecaster import history
-from forecaster.history import HistoryStore, MinuteCounts
+from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
 from plugin import events, informer, kube, objectfiles, wire
 from plugin.cluster import ClusterCache
 from plugin.errors import BadRequest
@@ -85,12 +85,13 @@ def _event_sink(settings: Settings) -> EventSink:
     store = HistoryStore(settings.history.path)
     counts = MinuteCounts()
     rows = history.rebuild(store, counts, now_minute=int(time.time() // 60))
+    pods = Lifecycle()
+    pods.apply(store.lifecycle(since=time.time() - 2 * 86400))
     logger.info(
         "history %s: %d minute rows, %d functions", settings.history.path, rows, len(counts.functions)
     )
-    return EventSink(
-        store=store, counts=counts, clock=time.time, max_pending=settings.history.events_max_pending
-    )
+    limit = settings.history.events_max_pending
+    return EventSink(store=store, counts=counts, lifecycle=pods, clock=time.time, max_pending=limit)
 
 
 def _trigger_watch(
@@ -132,7 +133,7 @@ async def _function(request: web.Request) -> web.Response:
     """One function's per-minute counts over the last hours (`?hours=`, default 6)."""
     function = f"{request.match_info['namespace']}/{request.match_info['service']}"
     sink = request.app[EVENTS]
-    if function not in sink.counts.functions:
+    if function not in sink.counts.functions and function not in sink.lifecycle.routes:
         return web.json_response({"Error": f"no invocations recorded for {function}"}, status=404)
     try:
         hours = min(max(float(request.query.get("hours", "6")), 1 / 60), 48.0)
@@ -141,8 +142,17 @@ async def _function(request: web.Request) -> web.Response:
     minutes = int(hours * 60)
     end = int(sink.clock() // 60) + 1
     series = sink.counts.series(function, end, minutes)
+    observed = sink.lifecycle.cold_starts_s.get(function, [])
     return web.json_response(
-        {"function": function, "end_minute": end, "minutes": minutes, "counts": series.tolist()}
+        {
+            "function": function,
+            "end_minute": end,
+            "minutes": minutes,
+            "counts": series.tolist(),
+            "routed_revision": sink.lifecycle.routes.get(function),
+            "running_pods": sink.lifecycle.running(function),
+            "observed_cold_starts_s": [round(s, 3) for s in observed],
+        }
     )
 
 

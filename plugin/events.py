@@ -2,13 +2,14 @@
 
 `POST /events` (and `POST /`) takes binary, structured and batched CloudEvents 1.0, parsed
 with the `cloudevents` 2.x SDK (a batch is a JSON array of structured events; the SDK has no
-batch mode). Understood: `dev.kdrl.invocations.v1`, counts from adapters; and any event a
-Broker delivers, as one invocation of each Knative Service whose Trigger would deliver it
-(`triggers`). Events that invoke nothing known are acknowledged, counted and logged at debug
-level. Answers: 202 with an empty body once the
-counts are committed to the history database (several requests share one commit), 400 for a
-malformed event (Eventing does not retry it), 413 above the size limit, 429 while the commit
-queue is full (Eventing retries it). Redeliveries are deduplicated by (source, id).
+batch mode). Understood: `dev.kdrl.invocations.v1`, counts from adapters; ApiServerSource
+events about Knative pods and revisions (`lifecycle`); and any event a Broker delivers, as
+one invocation of each Knative Service whose Trigger would deliver it (`triggers`).
+Events that invoke nothing known are acknowledged, counted and logged at debug level.
+Answers: 202 with an empty body once the effects are committed to the history database
+(several requests share one commit), 400 for a malformed event (Eventing does not retry it),
+413 above the size limit, 429 while the commit queue is full (Eventing retries it).
+Redeliveries are deduplicated by (source, id).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from cloudevents.core.exceptions import BaseCloudEventException
 from opentelemetry import context, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from forecaster.history import Count, HistoryStore, MinuteCounts
+from forecaster.history import Count, Effect, HistoryStore, Lifecycle, MinuteCounts
+from plugin import lifecycle
 from plugin.errors import BadRequest
 from plugin.triggers import TriggerIndex, attributes_of
 
@@ -51,7 +53,7 @@ class QueueFull(Exception):
 
 @dataclass
 class _Pending:
-    batches: list[tuple[tuple[str, str] | None, list[Count]]]
+    batches: list[tuple[tuple[str, str] | None, Effect]]
     done: asyncio.Future[list[bool]]
 
 
@@ -63,12 +65,13 @@ class EventSink:
     counts: MinuteCounts
     clock: Callable[[], float]
     triggers: TriggerIndex = field(default_factory=TriggerIndex)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
     max_pending: int = 1024
     unknown_types: Counter[str] = field(default_factory=Counter)
     _queue: list[_Pending] = field(default_factory=list)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def commit(self, batches: list[tuple[tuple[str, str] | None, list[Count]]]) -> list[bool]:
+    async def commit(self, batches: list[tuple[tuple[str, str] | None, Effect]]) -> list[bool]:
         """Wait until these events are durable; returns which were new (not redeliveries)."""
         if len(self._queue) >= self.max_pending:
             raise QueueFull()
@@ -98,10 +101,11 @@ class EventSink:
             for pending in group:
                 mine = fresh[position : position + len(pending.batches)]
                 position += len(pending.batches)
-                for (_, counts), new in zip(pending.batches, mine):
+                for (_, effect), new in zip(pending.batches, mine):
                     if new:
-                        for c in counts:
+                        for c in effect.counts:
                             self.counts.add(c.function, c.minute, c.count)
+                        self.lifecycle.apply(effect)
                 pending.done.set_result(mine)
 
 
@@ -176,12 +180,12 @@ async def receive(request: web.Request, sink: EventSink, *, max_body: int) -> we
     events = parse(request.headers, body)
     now = datetime.fromtimestamp(sink.clock(), tz=UTC)
     via = Delivery(namespace=request.query.get("namespace"), broker=request.query.get("broker"))
-    batches: list[tuple[tuple[str, str] | None, list[Count]]] = []
+    batches: list[tuple[tuple[str, str] | None, Effect]] = []
     for event in events:
         with _event_span(event):
-            batches.append(((event.get_source(), event.get_id()), _counts_of(event, sink, now, via)))
+            batches.append(((event.get_source(), event.get_id()), _effect_of(event, sink, now, via)))
     try:
-        if any(counts for _, counts in batches):
+        if any(effect for _, effect in batches):
             await sink.commit([b for b in batches if b[1]])
     except QueueFull:
         return web.Response(status=429, headers={"Retry-After": "1"})
@@ -210,9 +214,11 @@ class Delivery:
     broker: str | None
 
 
-def _counts_of(event: BaseCloudEvent, sink: EventSink, now: datetime, via: Delivery) -> list[Count]:
+def _effect_of(event: BaseCloudEvent, sink: EventSink, now: datetime, via: Delivery) -> Effect:
     if event.get_type() == INVOCATIONS:
-        return invocation_counts(event, now=now)
+        return Effect(counts=invocation_counts(event, now=now))
+    if event.get_type().startswith(lifecycle.PREFIX):
+        return lifecycle.effect(event.get_type(), event.get_data(), now=now.timestamp())
     event_attributes = attributes_of(event.get_attributes())
     functions = sink.triggers.functions_for(event_attributes, namespace=via.namespace, broker=via.broker)
     if functions:
@@ -220,12 +226,12 @@ def _counts_of(event: BaseCloudEvent, sink: EventSink, now: datetime, via: Deliv
         if not now - OLDEST <= when <= now + FUTURE_SLACK:
             when = now  # a sender's clock far off: the delivery time is the better guess
         minute = int(when.timestamp() // 60)
-        return [Count(function, minute, 1) for function in functions]
+        return Effect(counts=[Count(function, minute, 1) for function in functions])
     sink.unknown_types[event.get_type()] += 1
     logger.debug(
         "CloudEvent of type %s from %s invokes no known function", event.get_type(), event.get_source()
     )
-    return []
+    return Effect()
 
 
 def _event_span(event: BaseCloudEvent) -> Any:

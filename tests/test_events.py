@@ -6,7 +6,7 @@ import json
 import os
 import signal
 import urllib.request
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +190,74 @@ def test_acknowledged_events_survive_kill_9(tmp_path: Path) -> None:
     finally:
         restarted.terminate()
         restarted.wait(timeout=10)
+
+
+def apiserver_event(kind: str, change: str, obj: dict[str, Any], id_: str) -> CloudEvent:
+    attributes = {
+        "type": f"dev.knative.apiserver.resource.{change}",
+        "source": "https://10.96.0.1:443",
+        "id": id_,
+        "datacontenttype": "application/json",
+        "subject": f"/apis/v1/namespaces/shop/{kind.lower()}s/{obj['metadata']['name']}",
+    }
+    return CloudEvent(attributes=attributes, data={"kind": kind, "apiVersion": "v1", **obj})
+
+
+def knative_pod(ready_at: str | None = None) -> dict[str, Any]:
+    labels = {"serving.knative.dev/service": "cart", "serving.knative.dev/revision": "cart-00002"}
+    pod: dict[str, Any] = {
+        "metadata": {
+            "name": "cart-00002-deployment-abc",
+            "namespace": "shop",
+            "uid": "pod-1",
+            "labels": labels,
+            "creationTimestamp": START,
+        },
+        "status": {"conditions": []},
+    }
+    if ready_at:
+        pod["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastTransitionTime": ready_at}]
+    return pod
+
+
+async def test_apiserversource_pods_and_revisions(offline_client: Client) -> None:
+    ready = (NOW + timedelta(seconds=3.5)).isoformat().replace("+00:00", "Z")
+    revision = {
+        "metadata": {
+            "name": "cart-00002",
+            "namespace": "shop",
+            "labels": {"serving.knative.dev/service": "cart", "serving.knative.dev/routingState": "active"},
+        }
+    }
+    for i, e in enumerate(
+        [
+            apiserver_event("Revision", "add", revision, "r1"),
+            apiserver_event("Pod", "add", knative_pod(), "p1"),
+            apiserver_event("Pod", "update", knative_pod(ready), "p2"),
+            apiserver_event("Pod", "update", knative_pod(ready), "p3"),  # no second cold start
+        ]
+    ):
+        assert await post_binary(offline_client, e) == 202, i
+    detail = await (await offline_client.get("/debug/functions/shop/cart")).json()
+    assert detail["routed_revision"] == "cart-00002"
+    assert detail["running_pods"] == 1
+    assert detail["observed_cold_starts_s"] == [3.5]
+    assert (
+        await post_binary(offline_client, apiserver_event("Pod", "delete", knative_pod(ready), "p4")) == 202
+    )
+    detail = await (await offline_client.get("/debug/functions/shop/cart")).json()
+    assert detail["running_pods"] == 0
+
+
+async def test_apiserversource_ignores_pods_of_no_function(offline_client: Client) -> None:
+    plain = {"metadata": {"name": "nginx", "namespace": "web", "uid": "x", "labels": {"app": "nginx"}}}
+    assert await post_binary(offline_client, apiserver_event("Pod", "add", plain, "n1")) == 202
+    assert offline_client.app[keys.EVENTS].lifecycle.pods == {}
+
+
+async def test_apiserversource_bad_timestamp_is_400(offline_client: Client) -> None:
+    pod = knative_pod()
+    pod["metadata"]["creationTimestamp"] = "last tuesday"
+    message = to_binary_event(apiserver_event("Pod", "add", pod, "bad"))
+    response = await offline_client.post("/events", data=message.body, headers=message.headers)
+    assert response.status == 400 and "creationTimestamp" in (await response.json())["Error"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forecaster.history import MINUTES_KEPT, Count, HistoryStore, MinuteCounts, idle_minutes, rebuild
+from forecaster.history import MINUTES_KEPT, Count, Effect, HistoryStore, MinuteCounts, idle_minutes, rebuild
 
 
 def test_ring_keeps_two_days_and_adds_up() -> None:
@@ -42,16 +42,16 @@ def test_store_commits_dedups_and_rebuilds(tmp_path: Path) -> None:
     store = HistoryStore(path)
     fresh = store.record(
         [
-            (("src", "1"), [Count("ns/a", 10, 2)]),
-            (("src", "1"), [Count("ns/a", 10, 2)]),
-            (None, [Count("ns/b", 11, 1)]),
+            (("src", "1"), Effect(counts=[Count("ns/a", 10, 2)])),
+            (("src", "1"), Effect(counts=[Count("ns/a", 10, 2)])),
+            (None, Effect(counts=[Count("ns/b", 11, 1)])),
         ],
         now=1000.0,
     )
     assert fresh == [True, False, True]
     store.close()
     again = HistoryStore(path)  # a restart: the same data, and the same dedup memory
-    assert again.record([(("src", "1"), [Count("ns/a", 10, 9)])], 1001.0) == [False]
+    assert again.record([(("src", "1"), Effect(counts=[Count("ns/a", 10, 9)]))], 1001.0) == [False]
     counts = MinuteCounts()
     assert rebuild(again, counts, now_minute=20) == 2
     assert counts.series("ns/a", 11, 1)[0] == 2
@@ -60,12 +60,14 @@ def test_store_commits_dedups_and_rebuilds(tmp_path: Path) -> None:
 def test_compaction_rolls_old_minutes_into_hours_and_forgets_old_keys(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "h.db", dedup_window_s=60)
     store.record(
-        [(("s", "old"), [Count("ns/a", 60, 1), Count("ns/a", 61, 2), Count("ns/a", 5000, 3)])], now=0.0
+        [(("s", "old"), Effect(counts=[Count("ns/a", 60, 1), Count("ns/a", 61, 2), Count("ns/a", 5000, 3)]))],
+        now=0.0,
     )
     store.compact(now_minute=5000, now=100.0)
     assert store.hours("ns/a") == [(1, 3)]
     assert [c.minute for c in store.minutes(0)] == [5000]
-    assert store.record([(("s", "old"), [Count("ns/a", 5000, 1)])], 101.0) == [True]  # key expired
+    again = store.record([(("s", "old"), Effect(counts=[Count("ns/a", 5000, 1)]))], 101.0)
+    assert again == [True]  # the key has expired
 
 
 def test_a_corrupt_database_is_moved_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -75,4 +77,4 @@ def test_a_corrupt_database_is_moved_aside(tmp_path: Path, caplog: pytest.LogCap
         store = HistoryStore(path)
     assert "unreadable" in caplog.text
     assert list(tmp_path.glob("history.db.corrupt-*"))
-    assert store.record([(None, [Count("ns/a", 1, 1)])], 0.0) == [True]
+    assert store.record([(None, Effect(counts=[Count("ns/a", 1, 1)]))], 0.0) == [True]

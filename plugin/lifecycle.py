@@ -1,0 +1,80 @@
+"""ApiServerSource events (`mode: Resource`) about Knative pods and revisions, as history.
+
+Pods labelled with a Knative Service: creation, readiness (the Ready condition turning true)
+and deletion, i.e. scale events, and the observed cold start, creation to Ready. Revisions:
+the one labelled `serving.knative.dev/routingState: active` is the function's routed revision.
+Event types and attributes: protocols.md §4.2; the data is the whole object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from forecaster.history import Effect, PodChange, Route
+from plugin import convert
+from plugin.errors import BadRequest
+
+PREFIX = "dev.knative.apiserver.resource."
+ROUTING_STATE = "serving.knative.dev/routingState"
+
+
+def effect(event_type: str, obj: Any, *, now: float) -> Effect:
+    """What an ApiServerSource event changes; an empty `Effect` for objects that are not ours."""
+    if not isinstance(obj, Mapping):
+        raise BadRequest(f"{event_type}: data must be the resource object")
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    namespace = meta.get("namespace") or "default"
+    function = convert.function_of(namespace, labels) if isinstance(labels, Mapping) else None
+    if function is None:
+        return Effect()
+    deleted = event_type.endswith(".delete")
+    if obj.get("kind") == "Pod":
+        return Effect(pods=[_pod_change(obj, meta, labels, function, deleted=deleted, now=now)])
+    if obj.get("kind") == "Revision":
+        if labels.get(ROUTING_STATE) == "active" and not deleted:
+            return Effect(routes=[Route(function, str(meta.get("name")))])
+        return Effect()
+    return Effect()
+
+
+def _pod_change(
+    obj: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    labels: Mapping[str, str],
+    function: str,
+    *,
+    deleted: bool,
+    now: float,
+) -> PodChange:
+    created = _time(meta.get("creationTimestamp"), "metadata.creationTimestamp") or now
+    ready = None
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if (
+            isinstance(condition, Mapping)
+            and condition.get("type") == "Ready"
+            and condition.get("status") == "True"
+        ):
+            ready = _time(condition.get("lastTransitionTime"), "status.conditions[Ready].lastTransitionTime")
+    gone = _time(meta.get("deletionTimestamp"), "metadata.deletionTimestamp")
+    return PodChange(
+        uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
+        function=function,
+        revision=str(labels.get(convert.REVISION_LABEL, "")),
+        created=created,
+        ready=ready,
+        deleted=(gone or now) if deleted else None,
+    )
+
+
+def _time(raw: object, where: str) -> float | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise BadRequest(f"{where}: expected an RFC 3339 timestamp")
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError as error:
+        raise BadRequest(f"{where}: {raw!r} is not an RFC 3339 timestamp") from error
