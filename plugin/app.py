@@ -11,20 +11,23 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 from kubernetes.aio.client import ApiClient
 
 from forecaster import history
+from forecaster.forecasting import Forecaster
 from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
 from plugin import events, informer, kube, objectfiles, wire
 from plugin.cluster import ClusterCache
 from plugin.errors import BadRequest
 from plugin.events import EventSink
 from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
+from plugin.forecasts import ForecastLoop
 from plugin.informer import WatchSettings
-from plugin.keys import CACHE, EVENTS, EXTENDER, SETTINGS
+from plugin.keys import CACHE, EVENTS, EXTENDER, FORECASTS, SETTINGS
 from plugin.settings import Settings
 from plugin.triggers import TriggerIndex
 from policies import heuristics
@@ -61,7 +64,9 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     app[EXTENDER] = Extender(cache=cache, policy=policy, binder=binder)
     app[EVENTS] = _event_sink(settings)
     app.cleanup_ctx.append(_cluster_watch(cache, api))
+    app[FORECASTS] = ForecastLoop(forecaster=Forecaster(app[EVENTS].counts), clock=time.time)
     app.cleanup_ctx.append(_event_commits(app[EVENTS]))
+    app.cleanup_ctx.append(_background(app[FORECASTS].run, "forecasts"))
     if api is not None:
         app.cleanup_ctx.append(_trigger_watch(app[EVENTS].triggers, api, watch))
     app.add_routes(
@@ -107,6 +112,19 @@ def _trigger_watch(
     return lifetime
 
 
+def _background(
+    job: Callable[[], Coroutine[Any, Any, None]], name: str
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifetime(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(job(), name=name)
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return lifetime
+
+
 def _event_commits(sink: EventSink) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(sink.run(), name="event-commits")
@@ -143,6 +161,7 @@ async def _function(request: web.Request) -> web.Response:
     end = int(sink.clock() // 60) + 1
     series = sink.counts.series(function, end, minutes)
     observed = sink.lifecycle.cold_starts_s.get(function, [])
+    forecast = request.app[FORECASTS].latest.get(function)
     return web.json_response(
         {
             "function": function,
@@ -152,6 +171,7 @@ async def _function(request: web.Request) -> web.Response:
             "routed_revision": sink.lifecycle.routes.get(function),
             "running_pods": sink.lifecycle.running(function),
             "observed_cold_starts_s": [round(s, 3) for s in observed],
+            "forecast": forecast.as_json() if forecast else None,
         }
     )
 

@@ -7,9 +7,11 @@ from aiohttp import web
 from plugin.cluster import ClusterCache
 from plugin.events import EventSink
 from plugin.extender import Extender
+from plugin.forecasts import ForecastLoop
 from plugin.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
 CACHE = web.AppKey("cache", ClusterCache)
 EXTENDER = web.AppKey("extender", Extender)
 EVENTS = web.AppKey("events", EventSink)
+FORECASTS = web.AppKey("forecasts", ForecastLoop)

@@ -261,3 +261,16 @@ async def test_apiserversource_bad_timestamp_is_400(offline_client: Client) -> N
     message = to_binary_event(apiserver_event("Pod", "add", pod, "bad"))
     response = await offline_client.post("/events", data=message.body, headers=message.headers)
     assert response.status == 400 and "creationTimestamp" in (await response.json())["Error"]
+
+
+async def test_debug_view_carries_the_forecast(offline_client: Client) -> None:
+    minute = int(NOW.timestamp() // 60)
+    for back in range(0, 120, 3):
+        start = datetime.fromtimestamp((minute - back) * 60, tz=UTC).isoformat().replace("+00:00", "Z")
+        assert await post_binary(offline_client, event(report(count=2, start=start), id_=f"f{back}")) == 202
+    loop = offline_client.app[keys.FORECASTS]
+    loop.cycle(True)
+    detail = await (await offline_client.get("/debug/functions/shop/cart")).json()
+    forecast = detail["forecast"]
+    assert len(forecast["expected"]) == len(forecast["p_invoked"]) == 30
+    assert forecast["model"] in {"CrostonSBA", "ADIDA", "IMAPA", "TSB", "Naive"}

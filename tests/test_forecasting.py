@@ -1,0 +1,74 @@
+"""The forecaster: the Forecast contract, model choice by backtest, calibrated probabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from forecaster.forecasting import CALIBRATION_EDGES, Forecaster, probability
+from forecaster.history import MinuteCounts
+
+END = 10_000  # minutes since the epoch: any fixed "now"
+
+
+@pytest.fixture(scope="module")
+def forecaster() -> Forecaster:
+    rng = np.random.default_rng(4)
+    counts = MinuteCounts()
+    for minute in range(END - 720, END):
+        if minute % 60 == 7:  # hourly job: busy? no, sparse but seasonal
+            counts.add("ns/hourly", minute, 5)
+        counts.add(
+            "ns/busy", minute, int(20 + 10 * np.sin(minute / 60 * 2 * np.pi)) + int(rng.integers(0, 3))
+        )
+        if rng.random() < 0.03:
+            counts.add("ns/rare", minute, 1)
+    model = Forecaster(counts)
+    model.choose(END)
+    return model
+
+
+def test_classes(forecaster: Forecaster) -> None:
+    classes = forecaster.classes(END)
+    assert set(classes["busy"]) == {"ns/busy"}
+    assert set(classes["sparse"]) == {"ns/hourly", "ns/rare"}
+
+
+def test_forecast_contract(forecaster: Forecaster) -> None:
+    forecasts = forecaster.forecast(END, horizon=30)
+    assert set(forecasts) == {"ns/hourly", "ns/busy", "ns/rare"}
+    for function, f in forecasts.items():
+        assert f.function == function and f.start_minute == END
+        assert f.expected.shape == f.p_invoked.shape == (30,)
+        assert (f.expected >= 0).all() and ((f.p_invoked >= 0) & (f.p_invoked <= 1)).all()
+        assert f.prewarm_minutes >= 0 and f.keepalive_minutes > 0
+        assert f.model in forecaster.choice.model.values()
+    again = forecaster.forecast(END, horizon=30)
+    np.testing.assert_array_equal(again["ns/busy"].expected, forecasts["ns/busy"].expected)  # pure
+
+
+def test_the_busy_seasonal_function_beats_persistence(forecaster: Forecaster) -> None:
+    assert forecaster.choice.model["ns/busy"] != "Naive"
+    assert forecaster.choice.relative_mae["ns/busy"] < 1.0
+
+
+def test_busy_functions_are_almost_surely_invoked(forecaster: Forecaster) -> None:
+    assert forecaster.forecast(END, horizon=5)["ns/busy"].p_invoked.min() > 0.9
+
+
+def test_rare_functions_get_low_probabilities(forecaster: Forecaster) -> None:
+    assert forecaster.forecast(END, horizon=5)["ns/rare"].p_invoked.max() < 0.3
+
+
+def test_calibration_is_monotone_and_bounded(forecaster: Forecaster) -> None:
+    for table in forecaster.choice.calibration.values():
+        assert table.shape == (len(CALIBRATION_EDGES) - 1,)
+        assert (np.diff(table) >= 0).all() and ((table >= 0) & (table <= 1)).all()
+
+
+def test_probability_without_a_backtest_is_poisson() -> None:
+    np.testing.assert_allclose(probability(np.array([0.0, 1.0]), None), [0.0, 1 - np.exp(-1)])
+
+
+def test_a_function_never_seen_has_no_forecast(forecaster: Forecaster) -> None:
+    assert "ns/unknown" not in forecaster.forecast(END, horizon=3)
