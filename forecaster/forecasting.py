@@ -70,14 +70,39 @@ class Choice:
     calibration: dict[str, FloatArray] = field(default_factory=dict)  # class -> P(>=1) per edge bin
 
 
-def models_for(kind: str, minutes: int) -> list[object]:
-    """The candidate models of a class, given how many minutes of history there are."""
+SPARSE_MODELS = ("CrostonSBA", "ADIDA", "IMAPA", "TSB", "Naive")
+BUSY_MODELS = ("SeasonalNaive60", "SeasonalNaive1440", "AutoETS", "Naive")
+DEFAULT_MODEL = {"sparse": "CrostonSBA", "busy": "SeasonalNaive60"}  # before any backtest
+# AutoETS costs ~30 ms a series even without a seasonal component (~500 ms with a 60-minute
+# one), so only the busiest functions are backtested with it.
+AUTOETS_LIMIT = 200
+
+
+def model(name: str) -> object:
+    """A fresh statsforecast model by our name for it (its alias in result columns)."""
+    if name == "CrostonSBA":
+        return CrostonSBA()
+    if name == "ADIDA":
+        return ADIDA()
+    if name == "IMAPA":
+        return IMAPA()
+    if name == "TSB":
+        return TSB(alpha_d=0.2, alpha_p=0.2)
+    if name == "Naive":
+        return Naive()
+    if name.startswith("SeasonalNaive"):
+        return SeasonalNaive(season_length=int(name.removeprefix("SeasonalNaive")), alias=name)
+    if name == "AutoETS":
+        return AutoETS(season_length=1, model="ZZN")
+    raise KeyError(f"unknown forecasting model {name!r}")
+
+
+def candidates(kind: str, minutes: int, *, with_ets: bool) -> list[str]:
+    """Model names to backtest for a class, given the minutes of history a fit sees."""
     if kind == "sparse":
-        return [CrostonSBA(), ADIDA(), IMAPA(), TSB(alpha_d=0.2, alpha_p=0.2), Naive()]
-    seasonal: list[object] = [SeasonalNaive(season_length=60, alias="SeasonalNaive60")]
-    if minutes >= 2 * 1440:
-        seasonal.append(SeasonalNaive(season_length=1440, alias="SeasonalNaive1440"))
-    return [*seasonal, AutoETS(season_length=60 if minutes >= 180 else 1), Naive()]
+        return list(SPARSE_MODELS)
+    names = [n for n in BUSY_MODELS if n != "SeasonalNaive1440" or minutes >= 2 * 1440]
+    return names if with_ets else [n for n in names if n != "AutoETS"]
 
 
 class Forecaster:
@@ -98,30 +123,30 @@ class Forecaster:
         return out
 
     def choose(self, end_minute: int, *, horizon: int = 30) -> Choice:
-        """Backtest every candidate model over the last windows; keep the best per function."""
+        """Backtest the candidate models over the last windows; keep the best per function."""
         choice = Choice()
         for kind, functions in self.classes(end_minute).items():
             if not functions:
                 continue
-            frame = self._frame(functions, end_minute)
-            engine = StatsForecast(
-                models=models_for(kind, self.training_minutes), freq=1, n_jobs=1, fallback_model=Naive()
-            )
-            backtest = engine.cross_validation(
-                df=frame, h=horizon, step_size=horizon, n_windows=BACKTEST_WINDOWS
-            )
-            names = [c for c in backtest.columns if c not in ("unique_id", "ds", "cutoff", "y")]
-            errors = backtest.assign(**{n: (backtest[n] - backtest["y"]).abs() for n in names})
-            mae = errors.groupby("unique_id")[names].mean()
-            best = mae.idxmin(axis=1)
-            persistence = mae["Naive"].replace(0.0, np.nan)
-            for function in functions:
-                model = str(best.get(function, "Naive"))
-                choice.model[function] = model
-                ratio = float(mae.at[function, model] / persistence.get(function, np.nan))
-                if np.isfinite(ratio):
-                    choice.relative_mae[function] = ratio
-            chosen = _chosen_column(backtest, best)
+            groups = [(functions, False)]
+            if kind == "busy":
+                volume = {
+                    f: int(self.counts.series(f, end_minute, self.training_minutes).sum()) for f in functions
+                }
+                busiest = set(sorted(functions, key=volume.__getitem__, reverse=True)[:AUTOETS_LIMIT])
+                groups = [(sorted(busiest), True), ([f for f in functions if f not in busiest], False)]
+            backtests = []
+            for members, with_ets in groups:
+                if not members:
+                    continue
+                names = candidates(kind, self.training_minutes, with_ets=with_ets)
+                engine = _engine(names)
+                frame = self._frame(members, end_minute)
+                backtest = engine.cross_validation(
+                    df=frame, h=horizon, step_size=horizon, n_windows=BACKTEST_WINDOWS
+                )
+                backtests.append(_pick(backtest, names, choice))
+            chosen = pd.concat(backtests)
             choice.calibration[kind] = _calibrate(chosen["chosen"].to_numpy(), chosen["y"].to_numpy())
         self.choice = choice
         return choice
@@ -130,20 +155,17 @@ class Forecaster:
         """Forecasts for minutes [end_minute, end_minute + horizon) of every function."""
         out: dict[str, Forecast] = {}
         for kind, functions in self.classes(end_minute).items():
-            if not functions:
-                continue
-            frame = self._frame(functions, end_minute)
-            engine = StatsForecast(
-                models=models_for(kind, self.training_minutes), freq=1, n_jobs=1, fallback_model=Naive()
-            )
-            predicted = engine.forecast(df=frame, h=horizon)
+            by_model: dict[str, list[str]] = {}
+            for function in functions:
+                by_model.setdefault(self.choice.model.get(function, DEFAULT_MODEL[kind]), []).append(function)
             calibration = self.choice.calibration.get(kind)
-            for function, rows in predicted.groupby("unique_id", sort=False):
-                model = self.choice.model.get(str(function), "Naive")
-                if model not in rows:
-                    model = "Naive"
-                expected = np.clip(rows[model].to_numpy(dtype=np.float64), 0.0, None)
-                out[str(function)] = self._assemble(str(function), end_minute, expected, model, calibration)
+            for name, members in by_model.items():
+                predicted = _engine([name]).forecast(df=self._frame(members, end_minute), h=horizon)
+                for function, rows in predicted.groupby("unique_id", sort=False):
+                    expected = np.clip(rows[name].to_numpy(dtype=np.float64), 0.0, None)
+                    out[str(function)] = self._assemble(
+                        str(function), end_minute, expected, name, calibration
+                    )
         return out
 
     def _assemble(
@@ -177,6 +199,23 @@ class Forecaster:
                 "y": values,
             }
         )
+
+
+def _engine(names: Sequence[str]) -> StatsForecast:
+    return StatsForecast(models=[model(n) for n in names], freq=1, n_jobs=1, fallback_model=Naive())
+
+
+def _pick(backtest: pd.DataFrame, names: Sequence[str], choice: Choice) -> pd.DataFrame:
+    """Record each function's best model (lowest backtest MAE); the backtest with `chosen`."""
+    errors = backtest.assign(**{n: (backtest[n] - backtest["y"]).abs() for n in names})
+    mae = errors.groupby("unique_id")[list(names)].mean()
+    best = mae.idxmin(axis=1)
+    persistence = mae["Naive"]
+    for function, name in best.items():
+        choice.model[str(function)] = str(name)
+        if persistence[function] > 0:
+            choice.relative_mae[str(function)] = float(mae.at[function, name] / persistence[function])
+    return _chosen_column(backtest, best)
 
 
 def _chosen_column(backtest: pd.DataFrame, best: pd.Series) -> pd.DataFrame:
