@@ -33,8 +33,6 @@ logger = logging.getLogger(__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # statsforecast and our kernels compile with numba once; keep that on disk across runs
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "kdrl" / "numba"))
     parser = _parser()
     args = parser.parse_args(argv)
     try:
