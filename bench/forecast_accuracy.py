@@ -1,0 +1,189 @@
+"""Forecast accuracy on the shared Azure rows: train on the first 12 hours, test on the last 12.
+
+    python -m bench.forecast_accuracy              # table; docs/forecaster-accuracy.md has a run
+    python -m bench.forecast_accuracy --json
+
+Per population, unweighted and weighted by `occ_ref_samples`:
+- expected counts: MAE and MASE at horizons 1, 5 and 30 minutes of the chosen-per-function
+  ensemble (models chosen by a backtest inside the first 12 hours only) against Naive
+  (persistence) and SeasonalNaive(60). Forecasts start every 30 minutes of the last 12 hours
+  (rolling origin, refitted on everything before). MASE scales each function's MAE by its
+  in-sample one-step persistence MAE (functions with none are left out of MASE).
+- the decision that matters, "invoked within the next 1 / 5 / 10 minutes": Brier score of the
+  ensemble's calibrated probability, and precision/recall of both the ensemble (probability
+  >= 0.5) and the hybrid histogram's own windows (positive when its instance would be loaded
+  at some point of the next k minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.simulator import SHARED_TRACE
+from forecaster import forecasting, histogram
+from forecaster.history import MinuteCounts
+from simulator import traces
+
+TRAIN, DAY, STEP, HORIZON = 720, 1440, 30, 30
+HORIZONS = (1, 5, 30)
+WITHIN = (1, 5, 10)
+
+
+def evaluate(trace: traces.Trace, population: str) -> list[dict[str, Any]]:
+    members = np.flatnonzero(np.asarray(trace.populations) == population)
+    counts = trace.counts[members]
+    weights = trace.weights[members]
+    names = [f"p/{i}" for i in range(len(members))]
+    chosen = _choose(counts, names)
+    frame = pd.DataFrame(
+        {
+            "unique_id": np.repeat(names, DAY),
+            "ds": np.tile(np.arange(DAY), len(names)),
+            "y": counts.ravel().astype(float),
+        }
+    )
+    models = sorted(set(chosen.model.values()) | {"Naive", "SeasonalNaive60"})
+    engine = forecasting._engine(models)
+    windows = (DAY - TRAIN) // STEP
+    cv = engine.cross_validation(df=frame, h=HORIZON, step_size=STEP, n_windows=windows)
+    cv["step"] = cv["ds"] - cv["cutoff"]
+    cv["ensemble"] = forecasting._chosen_column(cv, pd.Series(chosen.model))["chosen"]
+    scale = _naive_scale(counts)
+    rows = []
+    for view in ("unweighted", "weighted"):
+        w = weights if view == "weighted" else np.ones(len(members))
+        if not (w > 0).any():
+            continue
+        for horizon in HORIZONS:
+            at = cv[cv["step"] == horizon]
+            row: dict[str, Any] = {"population": population, "view": view, "metric": f"h={horizon}"}
+            for name in ("ensemble", "Naive", "SeasonalNaive60"):
+                mae, mase = _errors(at, name, names, w, scale)
+                row[f"{name}_mae"], row[f"{name}_mase"] = round(mae, 4), round(mase, 4)
+            rows.append(row)
+        rows.extend(_decisions(cv, counts, names, w, chosen, population, view))
+    return rows
+
+
+def _choose(counts: np.ndarray, names: list[str]) -> forecasting.Choice:
+    history = MinuteCounts()
+    for name, row in zip(names, counts):
+        for minute in np.flatnonzero(row[:TRAIN]):
+            history.add(name, int(minute), int(row[minute]))
+    return forecasting.Forecaster(history).choose(TRAIN, horizon=HORIZON)
+
+
+def _naive_scale(counts: np.ndarray) -> np.ndarray:
+    train = counts[:, :TRAIN].astype(float)
+    scale: np.ndarray = np.abs(np.diff(train, axis=1)).mean(axis=1)
+    return scale
+
+
+def _errors(
+    at: pd.DataFrame, name: str, names: list[str], w: np.ndarray, scale: np.ndarray
+) -> tuple[float, float]:
+    per = (at[name] - at["y"]).abs().groupby(at["unique_id"]).mean().reindex(names).to_numpy()
+    keep = w > 0
+    mae = float(np.average(per[keep], weights=w[keep]))
+    ok = keep & (scale > 0)
+    mase = float(np.average(per[ok] / scale[ok], weights=w[ok])) if ok.any() else float("nan")
+    return mae, mase
+
+
+def _decisions(
+    cv: pd.DataFrame,
+    counts: np.ndarray,
+    names: list[str],
+    w: np.ndarray,
+    chosen: forecasting.Choice,
+    population: str,
+    view: str,
+) -> list[dict[str, Any]]:
+    ensemble = cv.pivot_table(index=["unique_id", "cutoff"], columns="step", values="ensemble", sort=False)
+    order = np.array([int(str(n).split("/")[1]) for n in ensemble.index.get_level_values(0)])
+    cutoffs = ensemble.index.get_level_values(1).to_numpy()
+    expected = np.clip(ensemble.to_numpy(), 0, None)  # (function x cutoff, horizon)
+    busy = np.count_nonzero(counts[:, :TRAIN], axis=1) / TRAIN >= forecasting.BUSY_SHARE
+    p = np.empty_like(expected)
+    for kind, members in (("busy", busy[order]), ("sparse", ~busy[order])):
+        p[members] = forecasting.probability(expected[members], chosen.calibration.get(kind))
+    loaded_from, loaded_to, since = _hybrid_windows(counts, order, cutoffs)
+    rows = []
+    for k in WITHIN:
+        future = np.stack([counts[i, c + 1 : c + 1 + k] for i, c in zip(order, cutoffs)])
+        truth: np.ndarray = np.asarray(future.any(axis=1), dtype=bool)
+        prob = 1.0 - np.prod(1.0 - p[:, :k], axis=1)
+        hybrid = (since + k >= loaded_from) & (since <= loaded_to)
+        wt = w[order]
+        keep = wt > 0
+        rows.append(
+            {
+                "population": population,
+                "view": view,
+                "metric": f"invoked within {k} min",
+                "brier": round(float(np.average((prob[keep] - truth[keep]) ** 2, weights=wt[keep])), 4),
+                **_precision_recall("ensemble", prob[keep] >= 0.5, truth[keep], wt[keep]),
+                **_precision_recall("hybrid", hybrid[keep], truth[keep], wt[keep]),
+            }
+        )
+    return rows
+
+
+def _hybrid_windows(
+    counts: np.ndarray, order: np.ndarray, cutoffs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (function, cutoff): when the hybrid policy's instance is loaded, in minutes since the
+    last invocation before the cutoff (from, to), and the minutes since that invocation. Never
+    invoked yet: never loaded."""
+    invoked = [np.flatnonzero(row) for row in counts]
+    gaps = [np.append(np.diff(m), 0.0) for m in invoked]  # a last, unobserved period per function
+    offsets = np.concatenate(([0], np.cumsum([len(g) for g in gaps]))).astype(np.int64)
+    flat = np.concatenate(gaps).astype(np.float64) if gaps else np.zeros(0)
+    prewarm, keepalive = histogram.batch_windows(flat, offsets)
+    loaded_from = np.full(len(order), np.inf)
+    loaded_to = np.full(len(order), -np.inf)
+    since = np.zeros(len(order))
+    for row, (i, cutoff) in enumerate(zip(order, cutoffs)):
+        seen = int(np.searchsorted(invoked[i], cutoff, side="right"))  # invocation minutes <= cutoff
+        if seen == 0:
+            continue
+        j = offsets[i] + seen - 1  # windows after the (seen - 1) idle periods observed so far
+        since[row] = cutoff - invoked[i][seen - 1]
+        loaded_from[row] = prewarm[j]
+        loaded_to[row] = prewarm[j] + keepalive[j]
+    return loaded_from, loaded_to, since
+
+
+def _precision_recall(name: str, predicted: np.ndarray, truth: np.ndarray, w: np.ndarray) -> dict[str, float]:
+    tp = float((w * (predicted & truth)).sum())
+    precision = tp / float((w * predicted).sum()) if predicted.any() else float("nan")
+    recall = tp / float((w * truth).sum()) if truth.any() else float("nan")
+    return {f"{name}_precision": round(precision, 4), f"{name}_recall": round(recall, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path, default=SHARED_TRACE)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not (args.trace / traces.INVOCATIONS).is_file():
+        print(f"skipped: the full trace is not at {args.trace} (pass --trace)", file=sys.stderr)
+        return
+    trace = traces.load(args.trace)
+    rows = [row for population in traces.POPULATIONS for row in evaluate(trace, population)]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+
+
+if __name__ == "__main__":
+    main()
