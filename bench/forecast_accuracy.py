@@ -42,19 +42,24 @@ def evaluate(trace: traces.Trace, population: str) -> list[dict[str, Any]]:
     weights = trace.weights[members]
     names = [f"p/{i}" for i in range(len(members))]
     chosen = _choose(counts, names)
-    frame = pd.DataFrame(
-        {
-            "unique_id": np.repeat(names, DAY),
-            "ds": np.tile(np.arange(DAY), len(names)),
-            "y": counts.ravel().astype(float),
-        }
-    )
-    models = sorted(set(chosen.model.values()) | {"Naive", "SeasonalNaive60"})
-    engine = forecasting._engine(models)
     windows = (DAY - TRAIN) // STEP
-    cv = engine.cross_validation(df=frame, h=HORIZON, step_size=STEP, n_windows=windows)
+    model_of = {n: chosen.model.get(n, forecasting.DEFAULT_MODEL["sparse"]) for n in names}  # silent so far
+    parts = []
+    for model in sorted(set(model_of.values())):  # each function runs only its own model
+        group = [i for i, n in enumerate(names) if model_of[n] == model]
+        frame = pd.DataFrame(
+            {
+                "unique_id": np.repeat([names[i] for i in group], DAY),
+                "ds": np.tile(np.arange(DAY), len(group)),
+                "y": counts[group].ravel().astype(float),
+            }
+        )
+        engine = forecasting._engine(sorted({model, "Naive", "SeasonalNaive60"}))
+        part = engine.cross_validation(df=frame, h=HORIZON, step_size=STEP, n_windows=windows)
+        keep = ["unique_id", "ds", "cutoff", "y", "ensemble", "Naive", "SeasonalNaive60"]
+        parts.append(part.assign(ensemble=part[model])[keep])
+    cv = pd.concat(parts, ignore_index=True)
     cv["step"] = cv["ds"] - cv["cutoff"]
-    cv["ensemble"] = forecasting._chosen_column(cv, pd.Series(chosen.model))["chosen"]
     scale = _naive_scale(counts)
     rows = []
     for view in ("unweighted", "weighted"):

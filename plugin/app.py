@@ -67,6 +67,7 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     app[FORECASTS] = ForecastLoop(forecaster=Forecaster(app[EVENTS].counts), clock=time.time)
     app.cleanup_ctx.append(_event_commits(app[EVENTS]))
     app.cleanup_ctx.append(_background(app[FORECASTS].run, "forecasts"))
+    app.cleanup_ctx.append(_background(lambda: events.compact_forever(app[EVENTS]), "history-compaction"))
     if api is not None:
         app.cleanup_ctx.append(_trigger_watch(app[EVENTS].triggers, api, watch))
     app.add_routes(

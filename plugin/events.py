@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -107,6 +108,18 @@ class EventSink:
                             self.counts.add(c.function, c.minute, c.count)
                         self.lifecycle.apply(effect)
                 pending.done.set_result(mine)
+
+
+async def compact_forever(sink: EventSink, *, every_s: float = 3600.0) -> None:
+    """Hourly: roll minutes older than two days into hours, forget old dedup keys."""
+    loop = asyncio.get_running_loop()
+    while True:
+        now = sink.clock()
+        try:
+            await loop.run_in_executor(None, partial(sink.store.compact, now_minute=int(now // 60), now=now))
+        except Exception:  # the next hour tries again; nothing acknowledged depends on it
+            logger.exception("history compaction failed")
+        await asyncio.sleep(every_s)
 
 
 def parse(headers: Mapping[str, str], body: bytes) -> list[BaseCloudEvent]:
