@@ -33,6 +33,7 @@ FloatArray = npt.NDArray[np.float64]
 BUSY_SHARE = 0.5  # functions invoked in at least half of their recent minutes are "busy"
 TRAINING_MINUTES = 720  # the window each fit sees: 12 hours of minute counts
 BACKTEST_WINDOWS = 4  # rolling origins of the model-choice backtest
+SWITCH_MARGIN = 0.05  # a model replaces persistence only with a backtest MAE 5 % lower
 CALIBRATION_EDGES = np.array([0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, np.inf])
 
 
@@ -211,6 +212,8 @@ def _pick(backtest: pd.DataFrame, names: Sequence[str], choice: Choice) -> pd.Da
     mae = errors.groupby("unique_id")[list(names)].mean()
     best = mae.idxmin(axis=1)
     persistence = mae["Naive"]
+    # A model must beat persistence clearly to replace it: small backtest wins do not carry.
+    best = best.where(mae.min(axis=1) < (1.0 - SWITCH_MARGIN) * persistence, "Naive")
     for function, name in best.items():
         choice.model[str(function)] = str(name)
         if persistence[function] > 0:
