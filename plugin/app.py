@@ -133,7 +133,7 @@ def _event_commits(sink: EventSink) -> Callable[[web.Application], AsyncIterator
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        sink.store.close()
+        await sink.close()
 
     return lifetime
 

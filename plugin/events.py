@@ -20,10 +20,11 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from cloudevents.core.base import BaseCloudEvent
@@ -38,6 +39,7 @@ from plugin.errors import BadRequest
 from plugin.triggers import TriggerIndex, attributes_of
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 tracer = trace.get_tracer(__name__)
 
 INVOCATIONS = "dev.kdrl.invocations.v1"
@@ -71,6 +73,19 @@ class EventSink:
     unknown_types: Counter[str] = field(default_factory=Counter)
     _queue: list[_Pending] = field(default_factory=list)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # One thread owns the SQLite connection: commits, compaction and close never overlap.
+    _io: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="history")
+    )
+
+    async def on_store(self, job: Callable[[], T]) -> T:
+        """Run `job` on the history's own thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._io, job)
+
+    async def close(self) -> None:
+        """Close the store after whatever is running on it, then its thread."""
+        await self.on_store(self.store.close)
+        self._io.shutdown(wait=True)
 
     async def commit(self, batches: list[tuple[tuple[str, str] | None, Effect]]) -> list[bool]:
         """Wait until these events are durable; returns which were new (not redeliveries)."""
@@ -83,7 +98,6 @@ class EventSink:
 
     async def run(self) -> None:
         """Commit whatever has queued up, one transaction at a time, until cancelled."""
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -92,7 +106,7 @@ class EventSink:
                 continue
             flat = [batch for pending in group for batch in pending.batches]
             try:
-                fresh = await loop.run_in_executor(None, self.store.record, flat, self.clock())
+                fresh = await self.on_store(partial(self.store.record, flat, self.clock()))
             except Exception as error:  # the database failed: nothing was acknowledged
                 logger.exception("committing %d events failed", len(flat))
                 for pending in group:
@@ -112,11 +126,10 @@ class EventSink:
 
 async def compact_forever(sink: EventSink, *, every_s: float = 3600.0) -> None:
     """Hourly: roll minutes older than two days into hours, forget old dedup keys."""
-    loop = asyncio.get_running_loop()
     while True:
         now = sink.clock()
         try:
-            await loop.run_in_executor(None, partial(sink.store.compact, now_minute=int(now // 60), now=now))
+            await sink.on_store(partial(sink.store.compact, now_minute=int(now // 60), now=now))
         except Exception:  # the next hour tries again; nothing acknowledged depends on it
             logger.exception("history compaction failed")
         await asyncio.sleep(every_s)
