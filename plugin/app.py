@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -29,7 +30,6 @@ from plugin.forecasts import ForecastLoop
 from plugin.informer import WatchSettings
 from plugin.keys import CACHE, EVENTS, EXTENDER, FORECASTS, SETTINGS
 from plugin.settings import Settings
-from plugin.triggers import TriggerIndex
 from policies import heuristics
 
 logger = logging.getLogger(__name__)
@@ -62,14 +62,16 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     app[SETTINGS] = settings
     app[CACHE] = cache
     app[EXTENDER] = Extender(cache=cache, policy=policy, binder=binder)
-    app[EVENTS] = _event_sink(settings)
-    app.cleanup_ctx.append(_cluster_watch(cache, api))
-    app[FORECASTS] = ForecastLoop(forecaster=Forecaster(app[EVENTS].counts), clock=time.time)
-    app.cleanup_ctx.append(_event_commits(app[EVENTS]))
+    app[EVENTS] = sink = _event_sink(settings)
+    app[FORECASTS] = ForecastLoop(forecaster=Forecaster(sink.counts), clock=time.time)
+    # Cleanups run in reverse: the API client and the history close after their users stop.
+    app.cleanup_ctx.append(_background(cache.run, "cluster-cache", then=api.close if api else None))
+    app.cleanup_ctx.append(_background(sink.run, "event-commits", then=sink.close))
     app.cleanup_ctx.append(_background(app[FORECASTS].run, "forecasts"))
-    app.cleanup_ctx.append(_background(lambda: events.compact_forever(app[EVENTS]), "history-compaction"))
+    app.cleanup_ctx.append(_background(partial(events.compact_forever, sink), "history-compaction"))
     if api is not None:
-        app.cleanup_ctx.append(_trigger_watch(app[EVENTS].triggers, api, watch))
+        follow_triggers = partial(informer.follow, kube.triggers(api), sink.triggers, watch)
+        app.cleanup_ctx.append(_background(follow_triggers, "triggers"))
     app.add_routes(
         [
             web.post(f"{EXTENDER_PREFIX}/filter", _filter),
@@ -100,40 +102,23 @@ def _event_sink(settings: Settings) -> EventSink:
     return EventSink(store=store, counts=counts, lifecycle=pods, clock=time.time, max_pending=limit)
 
 
-def _trigger_watch(
-    index: TriggerIndex, api: ApiClient, settings: WatchSettings
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(informer.follow(kube.triggers(api), index, settings), name="triggers")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    return lifetime
-
-
 def _background(
-    job: Callable[[], Coroutine[Any, Any, None]], name: str
+    job: Callable[[], Coroutine[Any, Any, None]],
+    name: str,
+    *,
+    then: Callable[[], Awaitable[None]] | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A task that lives as long as the app: started at startup, cancelled at cleanup, and
+    `then` awaited after it has stopped (to close what it used)."""
+
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(job(), name=name)
         yield
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-    return lifetime
-
-
-def _event_commits(sink: EventSink) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(sink.run(), name="event-commits")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await sink.close()
+        if then is not None:
+            await then()
 
     return lifetime
 
@@ -175,21 +160,6 @@ async def _function(request: web.Request) -> web.Response:
             "forecast": forecast.as_json() if forecast else None,
         }
     )
-
-
-def _cluster_watch(
-    cache: ClusterCache, api: ApiClient | None
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(cache.run(), name="cluster-cache")
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if api is not None:
-            await api.close()
-
-    return lifetime
 
 
 async def _filter(request: web.Request) -> web.Response:
