@@ -10,9 +10,9 @@ Per population, unweighted and weighted by `occ_ref_samples`:
   (rolling origin, refitted on everything before). MASE scales each function's MAE by its
   in-sample one-step persistence MAE (functions with none are left out of MASE).
 - the decision that matters, "invoked within the next 1 / 5 / 10 minutes": Brier score of the
-  ensemble's calibrated probability, and precision/recall of both the ensemble (probability
-  >= 0.5) and the hybrid histogram's own windows (positive when its instance would be loaded
-  at some point of the next k minutes).
+  ensemble's `p_within` (calibrated on the backtest against the expected total), and
+  precision/recall of both the ensemble (probability >= 0.5) and the hybrid histogram's own
+  windows (positive when its instance would be loaded at some point of the next k minutes).
 """
 
 from __future__ import annotations
@@ -116,15 +116,16 @@ def _decisions(
     cutoffs = ensemble.index.get_level_values(1).to_numpy()
     expected = np.clip(ensemble.to_numpy(), 0, None)  # (function x cutoff, horizon)
     busy = np.count_nonzero(counts[:, :TRAIN], axis=1) / TRAIN >= forecasting.BUSY_SHARE
-    p = np.empty_like(expected)
+    p = np.empty_like(expected)  # P(any invocation within the first k minutes), per row and k
     for kind, members in (("busy", busy[order]), ("sparse", ~busy[order])):
-        p[members] = forecasting.probability(expected[members], chosen.calibration.get(kind))
+        table = chosen.within.get(kind)
+        p[members] = np.array([forecasting.within_probability(row, table) for row in expected[members]])
     loaded_from, loaded_to, since = _hybrid_windows(counts, order, cutoffs)
     rows = []
     for k in WITHIN:
         future = np.stack([counts[i, c + 1 : c + 1 + k] for i, c in zip(order, cutoffs)])
         truth: np.ndarray = np.asarray(future.any(axis=1), dtype=bool)
-        prob = 1.0 - np.prod(1.0 - p[:, :k], axis=1)
+        prob = p[:, k - 1]
         hybrid = (since + k >= loaded_from) & (since <= loaded_to)
         wt = w[order]
         keep = wt > 0

@@ -45,6 +45,7 @@ class Forecast:
     start_minute: int  # the first forecast minute
     expected: FloatArray  # expected invocations per future minute
     p_invoked: FloatArray  # probability of at least one invocation per future minute
+    p_within: FloatArray  # probability of at least one invocation within the first k minutes
     prewarm_minutes: float  # hybrid histogram windows after the last invocation
     keepalive_minutes: float
     model: str
@@ -55,6 +56,7 @@ class Forecast:
             "start_minute": self.start_minute,
             "expected": [round(float(v), 4) for v in self.expected],
             "p_invoked": [round(float(v), 4) for v in self.p_invoked],
+            "p_within": [round(float(v), 4) for v in self.p_within],
             "prewarm_minutes": round(self.prewarm_minutes, 3),
             "keepalive_minutes": round(self.keepalive_minutes, 3),
             "model": self.model,
@@ -69,6 +71,7 @@ class Choice:
     model: dict[str, str] = field(default_factory=dict)
     relative_mae: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, FloatArray] = field(default_factory=dict)  # class -> P(>=1) per edge bin
+    within: dict[str, FloatArray] = field(default_factory=dict)  # class -> P(any) per k bucket and bin
 
 
 SPARSE_MODELS = ("CrostonSBA", "ADIDA", "IMAPA", "TSB", "Naive")
@@ -149,6 +152,7 @@ class Forecaster:
                 backtests.append(_pick(backtest, names, choice))
             chosen = pd.concat(backtests)
             choice.calibration[kind] = _calibrate(chosen["chosen"].to_numpy(), chosen["y"].to_numpy())
+            choice.within[kind] = _calibrate_within(chosen)
         self.choice = choice
         return choice
 
@@ -159,18 +163,15 @@ class Forecaster:
             by_model: dict[str, list[str]] = {}
             for function in functions:
                 by_model.setdefault(self.choice.model.get(function, DEFAULT_MODEL[kind]), []).append(function)
-            calibration = self.choice.calibration.get(kind)
             for name, members in by_model.items():
                 predicted = _engine([name]).forecast(df=self._frame(members, end_minute), h=horizon)
                 for function, rows in predicted.groupby("unique_id", sort=False):
                     expected = np.clip(rows[name].to_numpy(dtype=np.float64), 0.0, None)
-                    out[str(function)] = self._assemble(
-                        str(function), end_minute, expected, name, calibration
-                    )
+                    out[str(function)] = self._assemble(str(function), end_minute, expected, name, kind)
         return out
 
     def _assemble(
-        self, function: str, end_minute: int, expected: FloatArray, model: str, calibration: FloatArray | None
+        self, function: str, end_minute: int, expected: FloatArray, model: str, kind: str
     ) -> Forecast:
         series = self.counts.series(function, end_minute, self.training_minutes)
         state = histogram.HybridHistogram()
@@ -181,7 +182,8 @@ class Forecaster:
             function=function,
             start_minute=end_minute,
             expected=expected,
-            p_invoked=probability(expected, calibration),
+            p_invoked=probability(expected, self.choice.calibration.get(kind)),
+            p_within=within_probability(expected, self.choice.within.get(kind)),
             prewarm_minutes=windows.prewarm_minutes,
             keepalive_minutes=windows.keepalive_minutes,
             model=model,
@@ -245,6 +247,32 @@ def _calibrate(expected: FloatArray, observed: FloatArray) -> FloatArray:
 def _bin_centres() -> FloatArray:
     upper = np.where(np.isfinite(CALIBRATION_EDGES[1:]), CALIBRATION_EDGES[1:], CALIBRATION_EDGES[-2] * 2)
     return (CALIBRATION_EDGES[:-1] + upper) / 2
+
+
+# Horizons share a calibration table within a bucket: k = 1, 2-5, 6-10, 11 and beyond.
+WITHIN_BUCKETS = np.array([1, 2, 6, 11])
+
+
+def _calibrate_within(backtest: pd.DataFrame) -> FloatArray:
+    """P(any invocation within the first k minutes) per bucket of k and bin of the expected total
+    over those minutes, measured on the backtest (minutes are not independent)."""
+    ordered = backtest.sort_values(["unique_id", "cutoff", "ds"])
+    keys = [ordered["unique_id"], ordered["cutoff"]]
+    total = ordered["chosen"].clip(lower=0).groupby(keys).cumsum().to_numpy()
+    seen = (ordered["y"] > 0).groupby(keys).cummax().to_numpy().astype(np.float64)
+    k = ordered.groupby(keys).cumcount().to_numpy() + 1
+    bucket = np.searchsorted(WITHIN_BUCKETS, k, side="right") - 1
+    return np.stack([_calibrate(total[bucket == b], seen[bucket == b]) for b in range(len(WITHIN_BUCKETS))])
+
+
+def within_probability(expected: FloatArray, table: FloatArray | None) -> FloatArray:
+    """P(>= 1 invocation within the first k minutes), k = 1..horizon; never decreasing in k."""
+    total = np.cumsum(np.clip(expected, 0.0, None))
+    if table is None:
+        return 1.0 - np.exp(-total)
+    bucket = np.searchsorted(WITHIN_BUCKETS, np.arange(1, total.size + 1), side="right") - 1
+    bins = np.clip(np.searchsorted(CALIBRATION_EDGES, total, side="right") - 1, 0, len(CALIBRATION_EDGES) - 2)
+    return np.maximum.accumulate(table[bucket, bins])
 
 
 def probability(expected: FloatArray, calibration: FloatArray | None) -> FloatArray:

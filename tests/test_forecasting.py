@@ -41,6 +41,7 @@ def test_forecast_contract(forecaster: Forecaster) -> None:
         assert f.function == function and f.start_minute == END
         assert f.expected.shape == f.p_invoked.shape == (30,)
         assert (f.expected >= 0).all() and ((f.p_invoked >= 0) & (f.p_invoked <= 1)).all()
+        assert f.p_within.shape == (30,) and (np.diff(f.p_within) >= 0).all() and f.p_within[-1] <= 1
         assert f.prewarm_minutes >= 0 and f.keepalive_minutes > 0
         assert f.model in forecaster.choice.model.values()
     again = forecaster.forecast(END, horizon=30)
@@ -61,7 +62,11 @@ def test_rare_functions_get_low_probabilities(forecaster: Forecaster) -> None:
 
 
 def test_calibration_is_monotone_and_bounded(forecaster: Forecaster) -> None:
-    for table in forecaster.choice.calibration.values():
+    tables = [
+        *forecaster.choice.calibration.values(),
+        *(r for t in forecaster.choice.within.values() for r in t),
+    ]
+    for table in tables:
         assert table.shape == (len(CALIBRATION_EDGES) - 1,)
         assert (np.diff(table) >= 0).all() and ((table >= 0) & (table <= 1)).all()
 
