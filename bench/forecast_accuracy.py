@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from bench.simulator import SHARED_TRACE
+from bench.simulator import SHARED_TRACE, trace_or_skip
 from forecaster import forecasting, histogram
 from forecaster.history import MinuteCounts
 from simulator import traces
@@ -179,8 +178,7 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, default=SHARED_TRACE)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not (args.trace / traces.INVOCATIONS).is_file():
-        print(f"skipped: the full trace is not at {args.trace} (pass --trace)", file=sys.stderr)
+    if not trace_or_skip(args.trace):
         return
     trace = traces.load(args.trace)
     rows = [row for population in traces.POPULATIONS for row in evaluate(trace, population)]

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.simulator import REPOSITORY, SHARED_TRACE
+from bench.simulator import REPOSITORY, SHARED_TRACE, trace_or_skip
 from simulator import keepalive, report, study, traces
 
 FIXED_MINUTES = (5, 10, 15, 20, 30, 45, 60, 90, 120)
@@ -139,8 +138,7 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, default=SHARED_TRACE)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not (args.trace / traces.INVOCATIONS).is_file():
-        print(f"skipped: the full trace is not at {args.trace} (pass --trace)", file=sys.stderr)
+    if not trace_or_skip(args.trace):
         return
     rows = curves(traces.load(args.trace))
     summary = verdicts(rows)

@@ -26,6 +26,14 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 SHARED_TRACE = REPOSITORY.parent / "shared" / "data" / "traces" / "azure2019_invitro"
 
 
+def trace_or_skip(path: Path) -> bool:
+    """Whether the full trace is at `path`; says why the benchmark is skipped when it is not."""
+    if (path / traces.INVOCATIONS).is_file():
+        return True
+    print(f"skipped: the full trace is not at {path} (pass --trace)", file=sys.stderr)
+    return False
+
+
 def cluster_mode(trace_path: Path, functions: int, seed: int) -> dict[str, object]:
     started = time.perf_counter()
     options = compare.Options(functions=functions, weighted=True, seed=seed)
@@ -77,8 +85,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not (args.trace / traces.INVOCATIONS).is_file():
-        print(f"skipped: the full trace is not at {args.trace} (pass --trace)", file=sys.stderr)
+    if not trace_or_skip(args.trace):
         return
     rows = [keepalive_mode(args.trace), cluster_mode(args.trace, args.functions, args.seed)]
     if args.json:
