@@ -1,0 +1,210 @@
+"""The prewarm planner: forecasts and cluster state in, warm replicas and image pre-pulls out.
+
+Pure: no clock (the caller passes `now_minute`), no I/O. For each function it weighs the
+expected benefit of a warm replica over the coming window, P(invoked) x the cold start it
+avoids x its priority's weight, against its cost, idle memory-time x price plus idle power.
+`critical` and `high` come first by their weights; `batch` is never prewarmed; a function whose
+author opted out (`kdrl.dev/prewarm: "false"`) is left alone. When the warm-memory budget
+binds, the highest value per byte wins. Every entry says why (probability, window, benefit,
+cost), which is what spans and the shadow mode show. Image pre-pulls go to the top-k nodes the
+active placement policy would choose for the function's next pod, where the image is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from forecaster.forecasting import Forecast
+from policies import ranking
+from policies.placement import PlacementPolicy
+from policies.types import NodeTable, PodRequest, Priority
+
+GiB = float(1 << 30)
+
+# How much a second of cold start costs, in dollars, by priority: the operator's exchange
+# rate between latency and money (critical functions are worth keeping warm at a premium).
+DEFAULT_COLD_START_VALUE_PER_S: Mapping[Priority, float] = {
+    Priority.CRITICAL: 0.01,
+    Priority.HIGH: 0.004,
+    Priority.NORMAL: 0.001,
+    Priority.LOW: 0.0003,
+    Priority.BATCH: 0.0,
+}
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    window_minutes: int = 10  # how far ahead one plan keeps capacity warm (its expiry)
+    min_probability: float = 0.05  # below this a function is not worth a look
+    cold_start_value_per_s: Mapping[Priority, float] = field(
+        default_factory=lambda: dict(DEFAULT_COLD_START_VALUE_PER_S)
+    )
+    # Idle memory: a 32 GiB node at $0.38/h is ~$3.3e-6 per GiB-second; idle power ~1 W/GiB at
+    # $0.15/kWh is ~4e-8 $/GiB-s. Both are settings: operators know their own prices.
+    memory_price_per_gib_s: float = 3.3e-6
+    idle_power_price_per_gib_s: float = 4.0e-8
+    prepull_nodes: int = 2  # top-k placement choices to pull an image onto
+
+
+@dataclass(frozen=True)
+class FunctionState:
+    """What the planner must know of a function besides its forecast."""
+
+    function: str
+    priority: Priority
+    memory_bytes: int
+    cold_start_s: float  # observed (or modelled) creation-to-ready time
+    concurrency_target: float
+    duration_s: float  # a typical request's duration
+    pod: PodRequest  # what its next pod would request (for placement and pre-pulls)
+    prewarm_allowed: bool = True  # False when annotated kdrl.dev/prewarm: "false"
+    author_min_scale: int = 0  # never plan below what the author set
+
+
+@dataclass(frozen=True)
+class Budget:
+    warm_memory_bytes: int
+    pulls_per_minute: int
+
+
+@dataclass(frozen=True)
+class Reason:
+    probability: float
+    window_minutes: int
+    benefit_usd: float
+    cost_usd: float
+
+
+@dataclass(frozen=True)
+class WarmEntry:
+    function: str
+    replicas: int
+    expires_minute: int
+    reason: Reason
+
+
+@dataclass(frozen=True)
+class PullEntry:
+    function: str
+    image: str
+    node: str
+    reason: Reason
+
+
+@dataclass(frozen=True)
+class PrewarmPlan:
+    now_minute: int
+    warm: tuple[WarmEntry, ...]
+    pulls: tuple[PullEntry, ...]
+    skipped: tuple[tuple[str, str], ...]  # (function, why) for functions not prewarmed
+
+    def replicas(self, function: str) -> int:
+        return next((w.replicas for w in self.warm if w.function == function), 0)
+
+
+def plan(
+    now_minute: int,
+    forecasts: Mapping[str, Forecast],
+    states: Mapping[str, FunctionState],
+    nodes: NodeTable,
+    budget: Budget,
+    *,
+    policy: PlacementPolicy,
+    settings: PlannerSettings | None = None,
+) -> PrewarmPlan:
+    """The plan for the next window; see the module docstring for the rules."""
+    config = settings or PlannerSettings()
+    candidates: list[tuple[float, WarmEntry, FunctionState]] = []
+    skipped: list[tuple[str, str]] = []
+    for function, forecast in sorted(forecasts.items()):
+        state = states.get(function)
+        why_not = _excluded(state, forecast, config)
+        if why_not:
+            skipped.append((function, why_not))
+            continue
+        assert state is not None
+        entry = _evaluate(now_minute, forecast, state, config)
+        if entry.reason.benefit_usd <= entry.reason.cost_usd:
+            skipped.append((function, "cost exceeds benefit"))
+            continue
+        value_per_byte = (entry.reason.benefit_usd - entry.reason.cost_usd) / (
+            entry.replicas * state.memory_bytes
+        )
+        candidates.append((value_per_byte, entry, state))
+    warm, spent = [], 0
+    for _, entry, state in sorted(candidates, key=lambda c: (-c[0], c[1].function)):
+        need = entry.replicas * state.memory_bytes
+        if spent + need > budget.warm_memory_bytes:
+            skipped.append((entry.function, "warm-memory budget exhausted"))
+            continue
+        spent += need
+        warm.append((entry, state))
+    pulls = _pulls([(e, s) for e, s in warm], nodes, budget, policy, config)
+    return PrewarmPlan(
+        now_minute=now_minute,
+        warm=tuple(e for e, _ in warm),
+        pulls=pulls,
+        skipped=tuple(sorted(skipped)),
+    )
+
+
+def _excluded(state: FunctionState | None, forecast: Forecast, config: PlannerSettings) -> str:
+    if state is None:
+        return "no state (unknown to the cluster)"
+    if not state.prewarm_allowed:
+        return "opted out (kdrl.dev/prewarm: false)"
+    if state.priority is Priority.BATCH:
+        return "batch functions are never prewarmed"
+    if _probability(forecast, config.window_minutes) < config.min_probability:
+        return "unlikely to be invoked in the window"
+    return ""
+
+
+def _probability(forecast: Forecast, window: int) -> float:
+    within = forecast.p_within
+    return float(within[min(window, len(within)) - 1]) if len(within) else 0.0
+
+
+def _evaluate(
+    now_minute: int, forecast: Forecast, state: FunctionState, config: PlannerSettings
+) -> WarmEntry:
+    window = config.window_minutes
+    probability = _probability(forecast, window)
+    rate_per_s = float(np.mean(forecast.expected[:window])) / 60.0 if len(forecast.expected) else 0.0
+    busy = rate_per_s * state.duration_s / max(state.concurrency_target, 1e-9)  # Little's law, in pods
+    replicas = max(1, math.ceil(busy), state.author_min_scale)
+    benefit = probability * state.cold_start_s * config.cold_start_value_per_s.get(state.priority, 0.0)
+    # Expected idle memory-time: the replicas sit idle over the window unless invoked (a
+    # conservative proxy: an invoked replica is counted as busy for the whole window).
+    idle_gib_s = replicas * state.memory_bytes / GiB * window * 60 * (1.0 - min(probability, 1.0))
+    cost = idle_gib_s * (config.memory_price_per_gib_s + config.idle_power_price_per_gib_s)
+    reason = Reason(probability=probability, window_minutes=window, benefit_usd=benefit, cost_usd=cost)
+    return WarmEntry(
+        function=state.function, replicas=replicas, expires_minute=now_minute + window, reason=reason
+    )
+
+
+def _pulls(
+    warm: Sequence[tuple[WarmEntry, FunctionState]],
+    nodes: NodeTable,
+    budget: Budget,
+    policy: PlacementPolicy,
+    config: PlannerSettings,
+) -> tuple[PullEntry, ...]:
+    """Pre-pull each warm function's image onto the nodes its next pods would go to."""
+    pulls: list[PullEntry] = []
+    for entry, state in warm:  # already in value order
+        if len(pulls) >= budget.pulls_per_minute or not len(nodes):
+            break
+        image = state.pod.images[0] if state.pod.images else ""
+        result = ranking.rank(state.pod, nodes, policy)
+        for row in result.best_first(limit=config.prepull_nodes):
+            if not result.verdicts.feasible[row] or len(pulls) >= budget.pulls_per_minute:
+                continue
+            if image and image not in nodes.images[row]:
+                pulls.append(PullEntry(entry.function, image, str(nodes.names[row]), entry.reason))
+    return tuple(pulls)
