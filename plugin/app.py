@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
+import prometheus_client
 from aiohttp import web
 from kubernetes.aio.client import ApiClient
 
@@ -79,6 +80,7 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
             web.post(f"{EXTENDER_PREFIX}/bind", _bind),
             web.get("/healthz", _healthz),
             web.get("/readyz", _readyz),
+            web.get("/metrics", _metrics),
             web.post("/events", _events),
             web.post("/", _events),
             web.get("/debug/functions", _functions),
@@ -176,6 +178,14 @@ async def _prioritize(request: web.Request) -> web.Response:
 async def _bind(request: web.Request) -> web.Response:
     args = wire.parse_binding_args(wire.decode(await request.read()))
     return web.json_response(await request.app[EXTENDER].bind(args))
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """Prometheus text format, from the OpenTelemetry Prometheus reader set up by `serve`."""
+    return web.Response(
+        body=prometheus_client.generate_latest(),
+        headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST},
+    )
 
 
 async def _healthz(request: web.Request) -> web.Response:

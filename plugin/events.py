@@ -30,7 +30,7 @@ from aiohttp import web
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from cloudevents.core.exceptions import BaseCloudEventException
-from opentelemetry import context, trace
+from opentelemetry import context, metrics, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from forecaster.history import Count, Effect, HistoryStore, Lifecycle, MinuteCounts
@@ -41,6 +41,14 @@ from plugin.triggers import TriggerIndex, attributes_of
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 tracer = trace.get_tracer(__name__)
+meter = metrics.get_meter(__name__)
+received = meter.create_counter("kdrl.events.received", description="CloudEvents handled, by type")
+unknown = meter.create_counter(
+    "kdrl.events.unknown", description="CloudEvents acknowledged that invoke nothing known, by type"
+)
+duplicates = meter.create_counter(
+    "kdrl.events.duplicates", description="Redelivered CloudEvents not counted again"
+)
 
 INVOCATIONS = "dev.kdrl.invocations.v1"
 BATCH_CONTENT_TYPE = "application/cloudevents-batch"
@@ -208,11 +216,13 @@ async def receive(request: web.Request, sink: EventSink, *, max_body: int) -> we
     via = Delivery(namespace=request.query.get("namespace"), broker=request.query.get("broker"))
     batches: list[tuple[tuple[str, str] | None, Effect]] = []
     for event in events:
+        received.add(1, {"type": event.get_type()})
         with _event_span(event):
             batches.append(((event.get_source(), event.get_id()), _effect_of(event, sink, now, via)))
     try:
         if any(effect for _, effect in batches):
-            await sink.commit([b for b in batches if b[1]])
+            fresh = await sink.commit([b for b in batches if b[1]])
+            duplicates.add(fresh.count(False))
     except QueueFull:
         return web.Response(status=429, headers={"Retry-After": "1"})
     return web.Response(status=202)
@@ -254,6 +264,7 @@ def _effect_of(event: BaseCloudEvent, sink: EventSink, now: datetime, via: Deliv
         minute = int(when.timestamp() // 60)
         return Effect(counts=[Count(function, minute, 1) for function in functions])
     sink.unknown_types[event.get_type()] += 1
+    unknown.add(1, {"type": event.get_type()})
     logger.debug(
         "CloudEvent of type %s from %s invokes no known function", event.get_type(), event.get_source()
     )

@@ -1,4 +1,5 @@
 """OpenTelemetry SDK setup, done once by the entrypoint; the rest of the code uses only the API.
+Traces go out over OTLP; metrics are scraped by Prometheus at `/metrics`.
 
 Spans are exported over OTLP/HTTP when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` or
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables are set, and dropped otherwise (the provider
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -18,9 +21,15 @@ OTLP_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDP
 
 
 def setup(env: Mapping[str, str]) -> TracerProvider:
-    """Build and install the global tracer provider; the caller shuts it down at exit."""
+    """Install the global tracer and meter providers; the caller shuts the tracer down at exit.
+
+    Metrics are read by a Prometheus reader into `prometheus_client`'s default registry,
+    which the app serves at `/metrics`."""
     provider = tracer_provider(env)
     trace.set_tracer_provider(provider)
+    metrics.set_meter_provider(
+        MeterProvider(resource=provider.resource, metric_readers=[PrometheusMetricReader()])
+    )
     return provider
 
 

@@ -274,3 +274,21 @@ async def test_debug_view_carries_the_forecast(offline_client: Client) -> None:
     forecast = detail["forecast"]
     assert len(forecast["expected"]) == len(forecast["p_invoked"]) == 30
     assert forecast["model"] in {"CrostonSBA", "ADIDA", "IMAPA", "TSB", "Naive"}
+
+
+def test_metrics_count_unknown_event_types(tmp_path: Path) -> None:
+    server, port, _ = extender_bench.serve_offline(
+        EXAMPLES / "nodes.json", EXAMPLES / "pods.json", "--history-path", str(tmp_path / "h.db")
+    )
+    try:
+        message = to_binary_event(event({"x": 1}, type_="com.example.unheard-of", id_="u1"))
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/events", message.body, message.headers)
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 202
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    line = next(row for row in text.splitlines() if row.startswith("kdrl_events_unknown_total{"))
+    assert 'type="com.example.unheard-of"' in line and line.endswith(" 1.0")
