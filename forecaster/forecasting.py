@@ -117,36 +117,40 @@ class Forecaster:
         self.training_minutes = training_minutes
         self.choice = Choice()
 
-    def classes(self, end_minute: int) -> dict[str, list[str]]:
+    def histories(self, end_minute: int) -> dict[str, npt.NDArray[np.int64]]:
+        """Every function's last `training_minutes` of counts, read once per cycle."""
+        return {f: self.counts.series(f, end_minute, self.training_minutes) for f in self.counts.functions}
+
+    def classes(
+        self, end_minute: int, histories: Mapping[str, npt.NDArray[np.int64]] | None = None
+    ) -> dict[str, list[str]]:
         """Functions by class, from the share of recent minutes with an invocation."""
+        series = histories if histories is not None else self.histories(end_minute)
         out: dict[str, list[str]] = {"sparse": [], "busy": []}
-        for function in self.counts.functions:
-            series = self.counts.series(function, end_minute, self.training_minutes)
-            share = float(np.count_nonzero(series)) / len(series)
+        for function, counts in series.items():
+            share = float(np.count_nonzero(counts)) / len(counts)
             out["busy" if share >= BUSY_SHARE else "sparse"].append(function)
         return out
 
     def choose(self, end_minute: int, *, horizon: int = 30) -> Choice:
         """Backtest the candidate models over the last windows; keep the best per function."""
+        histories = self.histories(end_minute)
         choice = Choice()
-        for kind, functions in self.classes(end_minute).items():
+        for kind, functions in self.classes(end_minute, histories).items():
             if not functions:
                 continue
             groups = [(functions, False)]
             if kind == "busy":
-                volume = {
-                    f: int(self.counts.series(f, end_minute, self.training_minutes).sum()) for f in functions
-                }
-                busiest = set(sorted(functions, key=volume.__getitem__, reverse=True)[:AUTOETS_LIMIT])
+                by_volume = sorted(functions, key=lambda f: int(histories[f].sum()), reverse=True)
+                busiest = set(by_volume[:AUTOETS_LIMIT])
                 groups = [(sorted(busiest), True), ([f for f in functions if f not in busiest], False)]
             backtests = []
             for members, with_ets in groups:
                 if not members:
                     continue
                 names = candidates(kind, self.training_minutes, with_ets=with_ets)
-                engine = _engine(names)
-                frame = self._frame(members, end_minute)
-                backtest = engine.cross_validation(
+                frame = self._frame(members, histories, end_minute)
+                backtest = _engine(names).cross_validation(
                     df=frame, h=horizon, step_size=horizon, n_windows=BACKTEST_WINDOWS
                 )
                 backtests.append(_pick(backtest, names, choice))
@@ -158,43 +162,37 @@ class Forecaster:
 
     def forecast(self, end_minute: int, horizon: int = 30) -> dict[str, Forecast]:
         """Forecasts for minutes [end_minute, end_minute + horizon) of every function."""
+        histories = self.histories(end_minute)
+        windows = _hybrid_windows(histories)
         out: dict[str, Forecast] = {}
-        for kind, functions in self.classes(end_minute).items():
+        for kind, functions in self.classes(end_minute, histories).items():
             by_model: dict[str, list[str]] = {}
             for function in functions:
                 by_model.setdefault(self.choice.model.get(function, DEFAULT_MODEL[kind]), []).append(function)
             for name, members in by_model.items():
-                predicted = _engine([name]).forecast(df=self._frame(members, end_minute), h=horizon)
+                frame = self._frame(members, histories, end_minute)
+                predicted = _engine([name]).forecast(df=frame, h=horizon)
                 for function, rows in predicted.groupby("unique_id", sort=False):
                     expected = np.clip(rows[name].to_numpy(dtype=np.float64), 0.0, None)
-                    out[str(function)] = self._assemble(str(function), end_minute, expected, name, kind)
+                    prewarm, keepalive = windows[str(function)]
+                    out[str(function)] = Forecast(
+                        function=str(function),
+                        start_minute=end_minute,
+                        expected=expected,
+                        p_invoked=probability(expected, self.choice.calibration.get(kind)),
+                        p_within=within_probability(expected, self.choice.within.get(kind)),
+                        prewarm_minutes=prewarm,
+                        keepalive_minutes=keepalive,
+                        model=name,
+                        relative_mae=self.choice.relative_mae.get(str(function)),
+                    )
         return out
 
-    def _assemble(
-        self, function: str, end_minute: int, expected: FloatArray, model: str, kind: str
-    ) -> Forecast:
-        series = self.counts.series(function, end_minute, self.training_minutes)
-        state = histogram.HybridHistogram()
-        for idle in idle_minutes(series):
-            state.observe(idle)
-        windows = state.windows()
-        return Forecast(
-            function=function,
-            start_minute=end_minute,
-            expected=expected,
-            p_invoked=probability(expected, self.choice.calibration.get(kind)),
-            p_within=within_probability(expected, self.choice.within.get(kind)),
-            prewarm_minutes=windows.prewarm_minutes,
-            keepalive_minutes=windows.keepalive_minutes,
-            model=model,
-            relative_mae=self.choice.relative_mae.get(function),
-        )
-
-    def _frame(self, functions: Sequence[str], end_minute: int) -> pd.DataFrame:
+    def _frame(
+        self, functions: Sequence[str], histories: Mapping[str, npt.NDArray[np.int64]], end_minute: int
+    ) -> pd.DataFrame:
         length = self.training_minutes
-        values = np.concatenate([self.counts.series(f, end_minute, length) for f in functions]).astype(
-            np.float64
-        )
+        values = np.concatenate([histories[f] for f in functions]).astype(np.float64)
         return pd.DataFrame(
             {
                 "unique_id": np.repeat(np.asarray(functions, dtype=object), length),
@@ -202,6 +200,21 @@ class Forecaster:
                 "y": values,
             }
         )
+
+
+def _hybrid_windows(histories: Mapping[str, npt.NDArray[np.int64]]) -> dict[str, tuple[float, float]]:
+    """Each function's hybrid histogram (pre-warm, keep-alive) after its observed idle times,
+    for all functions in one batch: each sequence ends with a period not yet observed, whose
+    windows are the ones in force now (the policy is online)."""
+    functions = list(histories)
+    gaps = [np.append(idle_minutes(histories[f]), 0.0) for f in functions]
+    offsets = np.concatenate(([0], np.cumsum([len(g) for g in gaps]))).astype(np.int64)
+    flat = np.concatenate(gaps) if gaps else np.zeros(0)
+    prewarm, keepalive = histogram.batch_windows(flat, offsets)
+    return {
+        f: (float(prewarm[offsets[i + 1] - 1]), float(keepalive[offsets[i + 1] - 1]))
+        for i, f in enumerate(functions)
+    }
 
 
 def _engine(names: Sequence[str]) -> StatsForecast:
@@ -283,11 +296,3 @@ def probability(expected: FloatArray, calibration: FloatArray | None) -> FloatAr
         np.searchsorted(CALIBRATION_EDGES, expected, side="right") - 1, 0, len(CALIBRATION_EDGES) - 2
     )
     return calibration[bins]
-
-
-def by_class(forecasts: Mapping[str, Forecast]) -> dict[str, int]:
-    """How many functions each chosen model serves (for logs and spans)."""
-    tally: dict[str, int] = {}
-    for f in forecasts.values():
-        tally[f.model] = tally.get(f.model, 0) + 1
-    return tally

@@ -78,9 +78,6 @@ class Priorities:
     scores: IntArray
     encoder: wire.HostPriorityEncoder  # built for `nodes.cluster`
 
-    def to_wire(self) -> list[wire.HostPriority]:
-        return [wire.HostPriority(Host=str(h), Score=int(s)) for h, s in zip(self.nodes.names, self.scores)]
-
     def encode(self) -> bytes:
         return self.encoder.encode(self.nodes.origin, self.scores)
 

@@ -77,3 +77,8 @@ def test_probability_without_a_backtest_is_poisson() -> None:
 
 def test_a_function_never_seen_has_no_forecast(forecaster: Forecaster) -> None:
     assert "ns/unknown" not in forecaster.forecast(END, horizon=3)
+
+
+def test_forecasts_carry_the_hybrid_windows_after_the_observed_idle_times(forecaster: Forecaster) -> None:
+    hourly = forecaster.forecast(END, horizon=5)["ns/hourly"]  # idle 60 minutes, always
+    assert (hourly.prewarm_minutes, hourly.keepalive_minutes) == pytest.approx((60 * 0.9, 61 * 1.1))
