@@ -11,10 +11,13 @@ import enum
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from policies.economics import NodeEconomics
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -126,6 +129,7 @@ class PodRequest:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     required_affinity: tuple[NodeSelectorTerm, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
+    expected_lifetime_s: float = 0.0  # from the forecaster where known; 0: unknown
 
     @property
     def key(self) -> str:
@@ -184,10 +188,20 @@ class ClusterObjects:
     function_pods: ObjectArray  # Mapping[str, int] per node: function -> pods on it
     image_index: Mapping[str, tuple[IntArray, IntArray]]  # image -> (node rows, sizes)
     taint_sets: tuple[tuple[Taint, ...], ...]  # distinct taint sets; the first is "no taints"
+    known_economics: NodeEconomics | None = None  # given where already at hand, else read from labels
 
     @property
     def size(self) -> int:
         return len(self.names)
+
+    @functools.cached_property
+    def economics(self) -> NodeEconomics:
+        """Price, power, spot and zone of every node (read from the labels once)."""
+        if self.known_economics is not None:
+            return self.known_economics
+        from policies.economics import NodeEconomics
+
+        return NodeEconomics.from_labels(self.labels)
 
 
 @dataclass(frozen=True, eq=False)
@@ -249,7 +263,15 @@ class NodeTable:
             unschedulable=np.fromiter((n.unschedulable for n in nodes), np.bool_, size),
             taint_set=taint_set,
             origin=np.arange(size, dtype=np.int64),
-            cluster=ClusterObjects(image_index=image_index, taint_sets=tuple(taint_sets), **objects),
+            cluster=ClusterObjects(
+                names=objects["names"],
+                labels=objects["labels"],
+                taints=objects["taints"],
+                images=objects["images"],
+                function_pods=objects["function_pods"],
+                image_index=image_index,
+                taint_sets=tuple(taint_sets),
+            ),
             **{c: np.fromiter((getattr(n, c) for n in nodes), np.int64, size) for c in _INT_COLUMNS},
         )
 

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from policies import ranking
+from policies import filtering
+from policies.objectives import PRIORITY_WEIGHT, SLA_TARGET_S
 from policies.placement import PlacementPolicy
-from policies.types import PodRequest, Priority, Toleration
+from policies.types import BoolArray, NodeTable, PodRequest, Priority, Toleration
 from simulator import study
 from simulator.clusterspec import ClusterSpec
 from simulator.keepalive import KeepAlivePolicy
@@ -66,6 +68,31 @@ class _Pod:
     ready: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One pod to place: the ready nodes, which of them can run it (the shared filter), when."""
+
+    now: float
+    function: int
+    pod: PodRequest
+    nodes: NodeTable
+    feasible: BoolArray
+
+
+# A run as a coroutine: it yields each placement decision and is sent back the chosen row.
+Steps = Generator[Decision, int, "RunResult"]
+
+
+@dataclass(slots=True)
+class Meters:
+    """Running totals of what placement influences, for rewards taken between decisions."""
+
+    weighted_cold_s: float = 0.0  # cold-start seconds x the class's priority weight
+    weighted_pull_s: float = 0.0  # seconds new pods wait for their image x priority weight
+    weighted_sla_violations: float = 0.0  # requests over their class's SLA x priority weight
+    utilization_s: float = 0.0  # CPU allocation share of existing nodes x seconds
+
+
 @dataclass
 class RunResult:
     """Everything `report` needs, as plain arrays and numbers."""
@@ -81,6 +108,7 @@ class RunResult:
     cost_usd: float
     series: dict[str, list[float]]  # per minute: nodes, cpu/memory allocation, watts
     decision_us: list[float] = field(default_factory=list)
+    meters: Meters = field(default_factory=Meters)
 
 
 def pod_request(spec: FunctionSpec) -> PodRequest:
@@ -167,20 +195,32 @@ class Simulation:
             cost_usd=0.0,
             series={"minute": [], "nodes": [], "cpu_allocation": [], "memory_allocation": [], "watts": []},
         )
-        if new_revisions:
-            for function, spec in enumerate(self.functions):
-                for _ in range(spec.initial_scale):
-                    self._create_pod(function, 0.0)
+        self.new_revisions = new_revisions
 
     def run(self) -> RunResult:
+        """The whole run, each pod placed where the placement policy scores highest."""
+        return drive(self.steps(), self._choose)
+
+    def steps(self) -> Steps:
+        """The run as a coroutine: whoever drives it (`run`, a learning environment) answers
+        each `Decision` with a feasible row of its `nodes`."""
+        if self.new_revisions:
+            for function, spec in enumerate(self.functions):
+                for _ in range(spec.initial_scale):
+                    yield from self._create_pod(function, 0.0)
         minutes = self.counts.shape[1]
         for minute in range(minutes):
             arrivals = self._arrivals(minute)
             for second in range(60):
-                self._step(minute * 60 + second, arrivals[:, second])
+                yield from self._step(minute * 60 + second, arrivals[:, second])
             self._record_minute(minute)
         self._finish(minutes * 60.0)
         return self.result
+
+    def _choose(self, decision: Decision) -> int:
+        feasible = np.flatnonzero(decision.feasible)
+        nodes = decision.nodes if feasible.size == len(decision.nodes) else decision.nodes.take(feasible)
+        return int(feasible[int(np.argmax(self.placement.score(decision.pod, nodes)))])
 
     # -- one second -------------------------------------------------------------------
     def _arrivals(self, minute: int) -> IntArray:
@@ -201,7 +241,7 @@ class Simulation:
             heapq.heappush(self.min_scale_events, (last_arrival + prewarm, function, 1))
             heapq.heappush(self.min_scale_events, (last_arrival + prewarm + keepalive, function, -1))
 
-    def _step(self, t: int, arrivals: IntArray) -> None:
+    def _step(self, t: int, arrivals: IntArray) -> Generator[Decision, int, None]:
         now = float(t)
         self._stuck_now = set()  # functions whose pod found no room this second
         self._start_ready_pods(now + 0.5)
@@ -211,18 +251,18 @@ class Simulation:
         self.completions[slot] = 0.0
         active = np.flatnonzero(arrivals)
         if active.size:
-            self._admit(now, active, arrivals[active])
+            yield from self._admit(now, active, arrivals[active])
         self.kpa.observe(self.inflight)
         idle_pods = self.ready - np.minimum(self.ready, np.ceil(np.round(self.inflight / self.targets, 9)))
         self.result.wasted_mb_s += idle_pods * self.memory_mb
         if t % self.kpa.config.tick_s == 0:
-            self._scale(now)
+            yield from self._scale(now)
         if self.pending and (self.room_changed or t % METRICS_EVERY_S == 0):
-            self._place_pending(now)
+            yield from self._place_pending(now)
         if t % METRICS_EVERY_S == 0:
             self._account(now)
 
-    def _admit(self, now: float, functions: IntArray, counts: IntArray) -> None:
+    def _admit(self, now: float, functions: IntArray, counts: IntArray) -> Generator[Decision, int, None]:
         durations = self.workload.draw_durations_s(self.rng, functions)
         finish = (
             int(now) + np.clip(np.ceil(durations), 1, COMPLETION_RING_S - 1).astype(np.int64)
@@ -236,7 +276,7 @@ class Simulation:
             self.result.cold_starts[function] += count
             if self.current[function] == 0:  # the activator pokes the autoscaler at once
                 self.kpa.poke(np.array([function]))
-                self._create_pod(function, now)
+                yield from self._create_pod(function, now)
         np.add.at(self.warm_by_class, self.priority_index[functions[~cold]], counts[~cold])
 
     def _apply_min_scale(self, now: float) -> None:
@@ -245,34 +285,37 @@ class Simulation:
             _, function, vote = heapq.heappop(events)
             self.min_scale_votes[function] += vote
 
-    def _scale(self, now: float) -> None:
+    def _scale(self, now: float) -> Generator[Decision, int, None]:
         min_scale = (self.min_scale_votes > 0).astype(np.int64)
         desired = self.kpa.desired(now, self.ready, self.current, min_scale)
         desired = np.where(self.waiting, np.maximum(desired, 1), desired)
         for function in np.flatnonzero(desired != self.current).tolist():
             change = int(desired[function] - self.current[function])
             for _ in range(change):
-                self._create_pod(function, now)
+                yield from self._create_pod(function, now)
             for _ in range(-change):
                 self._delete_pod(function, now)
 
     # -- pods -------------------------------------------------------------------------
-    def _create_pod(self, function: int, now: float) -> None:
+    def _create_pod(self, function: int, now: float) -> Generator[Decision, int, None]:
         self.current[function] += 1
-        if function in self._stuck_now or not self._place(function, now):
+        if function in self._stuck_now or not (yield from self._place(function, now)):
             self._stuck_now.add(function)
             self.pending.append(function)
 
-    def _place(self, function: int, now: float) -> bool:
+    def _place(self, function: int, now: float) -> Generator[Decision, int, bool]:
         pod = self.requests[function]
         table, ids = self.nodes.table(now)
         started = time.perf_counter()
-        result = ranking.rank(pod, table, self.placement)
-        self.result.decision_us.append((time.perf_counter() - started) * 1e6)
-        if not result.verdicts.feasible.any():
+        feasible = filtering.filter_nodes(pod, table, explain=False).feasible
+        if not feasible.any():
             self._request_node(pod, now)
             return False
-        node = int(ids[int(result.best_first(limit=1)[0])])
+        row = yield Decision(now=now, function=function, pod=pod, nodes=table, feasible=feasible)
+        self.result.decision_us.append((time.perf_counter() - started) * 1e6)
+        if not (0 <= row < len(table) and feasible[row]):
+            raise ValueError(f"row {row} is not a feasible node for {pod.key}")
+        node = int(ids[row])
         spec = self.functions[function]
         scheduled = now + self.startup.scheduling_s
         image_ready, pulled = self.nodes.image_ready(node, spec.image, spec.image_bytes, scheduled)
@@ -280,6 +323,7 @@ class Simulation:
             self.result.pulls += 1
             self.nodes.collect_images(node, self._images_in_use(node) | {spec.image})
         ready_at = max(scheduled, image_ready) + self.startup.container_start_s + self.startup.runtime_init_s
+        self.result.meters.weighted_pull_s += PRIORITY_WEIGHT[spec.priority] * (image_ready - scheduled)
         self.nodes.add_pod(node, pod, now)
         self.pods.append(_Pod(function=function, node=node, ready_at=ready_at))
         pod_id = len(self.pods) - 1
@@ -297,13 +341,13 @@ class Simulation:
         if not any(fits[self.nodes.pool[provisioning]]):
             self.nodes.scale_up(pod, now)
 
-    def _place_pending(self, now: float) -> None:
+    def _place_pending(self, now: float) -> Generator[Decision, int, None]:
         """Retry waiting pods in order; once one of a function fails, its others wait too."""
         self.room_changed = False
         waiting, self.pending = self.pending, []
         stuck: set[int] = set()
         for function in waiting:
-            if function in stuck or not self._place(function, now):
+            if function in stuck or not (yield from self._place(function, now)):
                 stuck.add(function)
                 self.pending.append(function)
 
@@ -334,9 +378,15 @@ class Simulation:
             self._release_buffered(pod.function, ready_at)
 
     def _release_buffered(self, function: int, ready_at: float) -> None:
-        hist = self.result.latency_hist[self.functions[function].priority]
+        priority = self.functions[function].priority
+        hist, meters = self.result.latency_hist[priority], self.result.meters
+        weight, target = PRIORITY_WEIGHT[priority], SLA_TARGET_S[priority]
         for arrived, count in self.buffered[function]:
-            hist[min(int(max(ready_at - arrived, 0.0) / LATENCY_BIN_S), LATENCY_BINS - 1)] += count
+            wait = max(ready_at - arrived, 0.0)
+            hist[min(int(wait / LATENCY_BIN_S), LATENCY_BINS - 1)] += count
+            meters.weighted_cold_s += weight * wait * count
+            if wait > target:
+                meters.weighted_sla_violations += weight * count
         self.buffered[function].clear()
         self.waiting[function] = False
 
@@ -346,6 +396,9 @@ class Simulation:
         nodes.scale_down(now)
         self.result.energy_j += nodes.watts(now) * METRICS_EVERY_S
         self.result.cost_usd += float(nodes.price[nodes.alive].sum()) * METRICS_EVERY_S / 3600.0
+        alive = nodes.alive
+        share = nodes.cpu_requested[alive].sum() / max(int(nodes.cpu_allocatable[alive].sum()), 1)
+        self.result.meters.utilization_s += float(share) * METRICS_EVERY_S
 
     def _record_minute(self, minute: int) -> None:
         nodes, series = self.nodes, self.result.series
@@ -367,3 +420,14 @@ class Simulation:
                 self._release_buffered(function, end)
         for priority, count in zip(Priority, self.warm_by_class.tolist()):
             self.result.warm_requests[priority] = count
+
+
+def drive(steps: Steps, choose: Callable[[Decision], int]) -> RunResult:
+    """Run a simulation coroutine to its end, answering each decision with `choose`."""
+    try:
+        decision = next(steps)
+        while True:
+            decision = steps.send(choose(decision))
+    except StopIteration as finished:
+        result: RunResult = finished.value
+        return result

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from policies import economics
 from policies.types import ClusterObjects, NodeTable, PodRequest, Taint
 from simulator.clusterspec import ClusterSpec
 
@@ -26,6 +27,7 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 IMAGE_GC_HIGH, IMAGE_GC_LOW = 0.85, 0.80
 SCALE_DOWN_UNNEEDED_S = 600.0
+MiB = 1 << 20
 PROVISIONING_S = 90.0  # a cloud VM joining the cluster: typically 1-2 minutes
 
 
@@ -118,6 +120,13 @@ class Nodes:
                     "kubernetes.io/hostname": n,
                     "topology.kubernetes.io/zone": p.zones[i % len(p.zones)],
                     "kdrl.dev/pool": p.name,
+                    **economics.node_labels(
+                        p.price_per_hour,
+                        p.power.watts[0],
+                        p.power.watts[-1],
+                        p.pull_bytes_per_s / MiB,
+                        spot=p.spot,
+                    ),
                     **dict(p.labels),
                 }
                 for n, p, (_, i) in zip(self.names, pools, rows)
@@ -129,6 +138,7 @@ class Nodes:
         self.taint_set = np.array([self.taint_sets.index(taint_sets[p]) for p, _ in rows], dtype=np.int64)
         self.taints = np.fromiter((self.taint_sets[t] for t in self.taint_set), dtype=object, count=len(rows))
         self.power = [p.power for p in spec.pools]
+        self.economics = economics.NodeEconomics.from_labels(self.labels)
 
     def ready(self, now: float) -> IntArray:
         return np.flatnonzero(self.alive & (self.ready_at <= now))
@@ -144,6 +154,7 @@ class Nodes:
             function_pods=self.function_pods[ids],
             image_index=_ImageIndex(self, ids, now),
             taint_sets=self.taint_sets,
+            known_economics=self.economics.take(ids),
         )
         table = NodeTable(
             cpu_allocatable=self.cpu_allocatable[ids],

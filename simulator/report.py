@@ -8,27 +8,16 @@ idle loaded instances, also normalised to fixed 10-minute keep-alive = 100.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from policies.types import Priority
+from policies.objectives import SLA_TARGET_S
 from simulator.engine import LATENCY_BIN_S, RunResult
 from simulator.study import Outcome
 
 FloatArray = npt.NDArray[np.float64]
-
-# Start-delay targets per priority class, seconds: the one table of SLAs. critical and high
-# must not see a cold start beyond a cached pod start (2-4 s); batch tolerates image pulls.
-SLA_TARGET_S: Mapping[Priority, float] = {
-    Priority.CRITICAL: 1.0,
-    Priority.HIGH: 2.0,
-    Priority.NORMAL: 5.0,
-    Priority.LOW: 15.0,
-    Priority.BATCH: 60.0,
-}
 
 
 def weighted_percentile(values: FloatArray, weights: FloatArray, q: float) -> float | None:

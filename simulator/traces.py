@@ -34,6 +34,11 @@ MEMORY_COLUMNS = tuple(f"AverageAllocatedMb_pct{p}" for p in (1, 5, 25, 50, 75, 
 MAX_PER_MINUTE = 10**8  # far above any real function (the busiest rows reach ~10^5 a minute)
 
 
+# The trace day split in two: learning and tuning see only the first half, evaluation the second.
+TRAIN_MINUTES = (0, 720)
+EVAL_MINUTES = (720, 1440)
+
+
 class TraceError(ValueError):
     """A trace file that is missing or malformed; the message names file, line and field."""
 

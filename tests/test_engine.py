@@ -162,6 +162,12 @@ def test_new_revisions_start_with_initial_scale_and_then_scale_to_zero() -> None
         seed=1,
         new_revisions=True,
     )
-    assert simulation.current[0] == 1  # initial-scale 1
-    result = simulation.run()
+    decisions: list[engine.Decision] = []
+
+    def first_feasible(decision: engine.Decision) -> int:
+        decisions.append(decision)
+        return int(np.flatnonzero(decision.feasible)[0])
+
+    result = engine.drive(simulation.steps(), first_feasible)
+    assert [(d.function, d.now) for d in decisions] == [(0, 0.0)]  # initial-scale 1, at once
     assert result.pods_started == 1 and simulation.current[0] == 0  # gone after the grace period

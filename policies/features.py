@@ -1,0 +1,152 @@
+"""The learned policy's view of one placement: features of the candidate nodes, the pod, the cluster.
+
+One function, `encode`, serves training (the simulator's environment), evaluation and the live
+extender, so the model always sees the same numbers. Features are scale-free where they can be
+(fractions, ratios to the candidates' mean, logarithms), so one model fits clusters of any size
+and shape. The schema (names, order, version) is hashed; a model file carries the hash and is
+refused when it differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.types import BoolArray, NodeTable, PodRequest, Priority
+
+Float32Array = npt.NDArray[np.float32]
+GiB = float(1 << 30)
+
+SCHEMA_VERSION = 1
+NODE_FEATURES = (
+    "cpu_free_after",  # share of CPU left once the pod is placed
+    "memory_free_after",
+    "cpu_used",  # share requested before: the position on the power curve
+    "memory_used",
+    "gpu_free_after",
+    "node_cores_log2",
+    "image_present",  # share of the pod's image bytes already on the node
+    "pull_s_log",  # log1p of seconds to pull what is missing
+    "function_pods_log",  # log1p of this function's pods on the node
+    "zone_function_share",  # share of this function's pods in the node's zone
+    "price_rel",  # hourly price / the candidates' mean
+    "price_per_core_rel",
+    "watts_per_core_rel",  # marginal watts of one core / the candidates' mean
+    "idle_watts_rel",
+    "empty",  # no pods: placing here keeps the node from being released
+    "spot",
+    "pods_log",
+)
+POD_FEATURES = (
+    "cpu_cores_log",
+    "memory_gib_log",
+    "gpu",
+    *(f"priority_{p.value}" for p in Priority),
+    "lifetime_log",  # log1p of the expected pod lifetime, seconds (0: unknown)
+    "image_gib",
+)
+CLUSTER_FEATURES = ("cpu_used", "memory_used", "nodes_log10", "empty_share", "spot_share")
+SCHEMA_HASH = hashlib.sha256(
+    repr((SCHEMA_VERSION, NODE_FEATURES, POD_FEATURES, CLUSTER_FEATURES)).encode()
+).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """`nodes`: one row of NODE_FEATURES per table row; `pod` and `cluster`: one vector each."""
+
+    nodes: Float32Array
+    pod: Float32Array
+    cluster: Float32Array
+
+
+def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = None) -> Observation:
+    """Features of `pod` on every row of `nodes`; cluster and relative features are taken over
+    the `candidates` (the feasible rows; all rows when None), the nodes the extender is asked
+    about, so training and serving see the same context."""
+    size = len(nodes)
+    pick = np.ones(size, dtype=np.bool_) if candidates is None else candidates
+    economics = nodes.cluster.economics.take(nodes.origin)
+    cpu_alloc = np.maximum(nodes.cpu_allocatable, 1).astype(np.float64)
+    mem_alloc = np.maximum(nodes.memory_allocatable, 1).astype(np.float64)
+    cores = cpu_alloc / 1000.0
+
+    image_bytes = 0.0
+    present = np.zeros(size)
+    for image in pod.images:
+        sizes = nodes.image_sizes(image)
+        image_size = float(sizes.max()) if size else 0.0
+        image_bytes += image_size
+        present += sizes
+    missing = np.maximum(image_bytes - present, 0.0)
+    pull_s = missing / economics.pull_bytes_per_s
+
+    function_pods = _function_pods(pod, nodes)
+    zone_pods = np.bincount(economics.zone, weights=function_pods, minlength=len(economics.zones))
+    total_pods = function_pods.sum()
+    zone_share = zone_pods[economics.zone] / total_pods if total_pods else np.zeros(size)
+
+    price_per_core = economics.price_per_hour / cores
+    watts_per_core = (economics.max_watts - economics.idle_watts) / cores
+    features = np.column_stack(
+        [
+            (cpu_alloc - nodes.cpu_requested - pod.cpu_milli) / cpu_alloc,
+            (mem_alloc - nodes.memory_requested - pod.memory_bytes) / mem_alloc,
+            nodes.cpu_requested / cpu_alloc,
+            nodes.memory_requested / mem_alloc,
+            np.minimum(nodes.gpu_allocatable - nodes.gpu_requested - pod.gpu, 8) / 8.0,
+            np.log2(cores),
+            present / image_bytes if image_bytes else np.ones(size),
+            np.log1p(pull_s),
+            np.log1p(function_pods),
+            zone_share,
+            _relative(economics.price_per_hour, pick),
+            _relative(price_per_core, pick),
+            _relative(watts_per_core, pick),
+            _relative(economics.idle_watts, pick),
+            nodes.pod_count == 0,
+            economics.spot,
+            np.log1p(nodes.pod_count),
+        ]
+    ).astype(np.float32)
+
+    priority = [float(pod.priority is p) for p in Priority]
+    pod_features = np.array(
+        [
+            np.log1p(pod.cpu_milli / 1000.0),
+            np.log1p(pod.memory_bytes / GiB),
+            float(pod.gpu),
+            *priority,
+            np.log1p(max(pod.expected_lifetime_s, 0.0)) / 10.0,
+            image_bytes / GiB,
+        ],
+        dtype=np.float32,
+    )
+    chosen = max(int(pick.sum()), 1)
+    cluster = np.array(
+        [
+            nodes.cpu_requested[pick].sum() / cpu_alloc[pick].sum() if pick.any() else 0.0,
+            nodes.memory_requested[pick].sum() / mem_alloc[pick].sum() if pick.any() else 0.0,
+            np.log10(chosen),
+            (nodes.pod_count[pick] == 0).sum() / chosen,
+            economics.spot[pick].sum() / chosen,
+        ],
+        dtype=np.float32,
+    )
+    return Observation(nodes=features, pod=pod_features, cluster=cluster)
+
+
+def _function_pods(pod: PodRequest, nodes: NodeTable) -> npt.NDArray[np.float64]:
+    if not pod.function:
+        return np.zeros(len(nodes))
+    function = pod.function
+    return np.fromiter((pods.get(function, 0) for pods in nodes.function_pods), np.float64, len(nodes))
+
+
+def _relative(values: npt.NDArray[np.float64], pick: BoolArray) -> npt.NDArray[np.float64]:
+    """Values over their mean among the picked rows; 1 everywhere when that mean is 0."""
+    mean = float(values[pick].mean()) if pick.any() else 0.0
+    return values / mean if mean > 0 else np.ones(len(values))
