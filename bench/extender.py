@@ -87,12 +87,14 @@ def serve_offline(
     raise RuntimeError("kdrl serve did not become ready")
 
 
-def start_server(directory: Path, n_nodes: int) -> tuple[subprocess.Popen[bytes], int]:
+def start_server(
+    directory: Path, n_nodes: int, policy: str = "kube-default"
+) -> tuple[subprocess.Popen[bytes], int]:
     nodes, pods = synthetic.cluster(n_nodes, seed=n_nodes)
     (directory / "nodes.json").write_text(json.dumps(synthetic.as_list("Node", nodes)))
     (directory / "pods.json").write_text(json.dumps(synthetic.as_list("Pod", pods)))
     server, port, _ = serve_offline(
-        directory / "nodes.json", directory / "pods.json", "--log-level", "WARNING"
+        directory / "nodes.json", directory / "pods.json", "--log-level", "WARNING", "--policy", policy
     )
     return server, port
 
@@ -189,11 +191,17 @@ def judge(verb: str, n_nodes: int, row: dict[str, float]) -> str:
     return f"{metric} {sign} {bound:g}: {'met' if ok else 'MISSED'}"
 
 
-def run(node_counts: tuple[int, ...], verbs: tuple[str, ...], seconds: float, full_nodes: bool) -> list[Row]:
+def run(
+    node_counts: tuple[int, ...],
+    verbs: tuple[str, ...],
+    seconds: float,
+    full_nodes: bool,
+    policy: str = "kube-default",
+) -> list[Row]:
     rows = []
     for n_nodes in node_counts:
         with tempfile.TemporaryDirectory() as tmp:
-            server, port = start_server(Path(tmp), n_nodes)
+            server, port = start_server(Path(tmp), n_nodes, policy)
             try:
                 objects = json.loads((Path(tmp) / "nodes.json").read_text())["items"] if full_nodes else None
                 payloads = bodies(n_nodes, 64, full_nodes=objects)
@@ -228,9 +236,16 @@ def main() -> None:
     parser.add_argument(
         "--full-nodes", action="store_true", help="send full Node objects (nodeCacheCapable: false)"
     )
+    parser.add_argument("--policy", default="kube-default", help="placement policy the server runs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = run(tuple(args.nodes or NODE_COUNTS), tuple(args.verb or VERBS), args.seconds, args.full_nodes)
+    rows = run(
+        tuple(args.nodes or NODE_COUNTS),
+        tuple(args.verb or VERBS),
+        args.seconds,
+        args.full_nodes,
+        args.policy,
+    )
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=2))
         return

@@ -31,7 +31,7 @@ from plugin.forecasts import ForecastLoop
 from plugin.informer import WatchSettings
 from plugin.keys import CACHE, EVENTS, EXTENDER, FORECASTS, SETTINGS
 from plugin.settings import Settings
-from policies import heuristics
+from policies import onnx_policy, registry
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,17 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
         )
         cache = ClusterCache(api=api, settings=watch)
         binder = KubeBinder(api=api, timeout_s=settings.kube.request_timeout_s)
-    policy = heuristics.by_name(settings.policy.name, seed=settings.policy.seed)
+    chosen = settings.policy
+    loaded = registry.load(
+        chosen.name,
+        seed=chosen.seed,
+        model=chosen.model or onnx_policy.DEFAULT_MODEL,
+        device=chosen.device,
+        threads=chosen.threads,
+    )
     app[SETTINGS] = settings
     app[CACHE] = cache
-    app[EXTENDER] = Extender(cache=cache, policy=policy, binder=binder)
+    app[EXTENDER] = Extender(cache=cache, policy=loaded, binder=binder)
     app[EVENTS] = sink = _event_sink(settings)
     app[FORECASTS] = ForecastLoop(forecaster=Forecaster(sink.counts), clock=time.time)
     # Cleanups run in reverse: the API client and the history close after their users stop.
@@ -200,8 +207,10 @@ async def _readyz(request: web.Request) -> web.Response:
         "mode": "offline" if cache.offline else "watch",
         "nodes": len(snapshot.nodes),
         "snapshot_age_s": round(snapshot.age(cache.clock()), 3),
-        "policy": request.app[EXTENDER].policy.name,
+        **request.app[EXTENDER].loaded.describe(),
     }
+    if detail["degraded"]:
+        detail["status"] = "degraded"  # still ready: the fallback policy serves
     return web.json_response(detail, status=200 if snapshot.synced else 503)
 
 

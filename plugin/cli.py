@@ -1,5 +1,5 @@
 """The `kdrl` command line: `serve` runs the service, `score` explains one placement,
-`simulate` compares policies on a trace.
+`simulate` compares policies on a trace; `train`, `tune` and `evaluate` make and judge policies.
 
 This is the entrypoint: the only place that reads the process environment, sets up logging
 and the OpenTelemetry SDK, and turns errors into exit codes (2 for bad settings or input).
@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from plugin import app, convert, logs, objectfiles, settings, telemetry
+from plugin import app, convert, learning_cli, logs, objectfiles, settings, telemetry
 from plugin.cluster import ClusterCache
 from plugin.errors import KdrlError, SettingsError
-from policies import heuristics, ranking
+from policies import ranking, registry
 from simulator import clusterspec, compare, plots, traces
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument(
         "--pod", type=Path, required=True, help="the pending pod (`kubectl get pod NAME -o json`)"
     )
-    score.add_argument("--policy", default="kube-default", choices=heuristics.HEURISTIC_NAMES)
+    score.add_argument("--policy", default="kube-default", choices=registry.PLACEMENT_NAMES)
     score.add_argument("--seed", type=int, default=0, help="seed of the random policy")
     score.add_argument("--json", action="store_true", help="print JSON instead of a table")
     score.set_defaults(run=_score)
@@ -91,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--json", action="store_true", help="print the report as one JSON object")
     simulate.set_defaults(run=_simulate)
+    learning_cli.add_commands(commands)
     return parser
 
 
@@ -210,7 +211,7 @@ def _score(args: argparse.Namespace) -> int:
     pods = objectfiles.load(args.pods) if args.pods else []
     table = ClusterCache.from_objects(objectfiles.load(args.nodes), pods).snapshot.nodes
     pod = convert.pod_request(objectfiles.load_one(args.pod))
-    policy = heuristics.by_name(args.policy, seed=args.seed)
+    policy = registry.load(args.policy, seed=args.seed, device="cpu").policy
     result = ranking.rank(pod, table, policy, explain=True)
     rows = [_score_row(result, int(r)) for r in result.best_first()]
     if args.json:

@@ -20,6 +20,7 @@ from plugin import convert, kube, wire
 from plugin.cluster import ClusterCache, Snapshot
 from plugin.errors import BadRequest, KubeApiError, ObjectError
 from policies import filtering, ranking
+from policies.onnx_policy import LoadedPolicy
 from policies.placement import PlacementPolicy
 from policies.types import ClusterObjects, FloatArray, IntArray, NodeTable, PodRequest
 
@@ -85,9 +86,19 @@ class Priorities:
 class Extender:
     """The three verbs over a cluster cache, a placement policy and a binder."""
 
-    def __init__(self, *, cache: ClusterCache, policy: PlacementPolicy, binder: Binder) -> None:
+    def __init__(
+        self, *, cache: ClusterCache, policy: PlacementPolicy | LoadedPolicy, binder: Binder
+    ) -> None:
         self.cache = cache
-        self.policy = policy
+        self.loaded = policy if isinstance(policy, LoadedPolicy) else LoadedPolicy(policy, provider="numpy")
+        self.policy = self.loaded.policy
+        self._policy_attributes: dict[str, str | bool] = {
+            "kdrl.policy": self.policy.name,
+            "kdrl.policy.provider": self.loaded.provider,
+            "kdrl.policy.fallback": bool(self.loaded.degraded),
+        }
+        if self.loaded.degraded:
+            self._policy_attributes["kdrl.policy.degraded"] = self.loaded.degraded
         self._binder = binder
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()
         self._encoder: tuple[ClusterObjects, wire.HostPriorityEncoder] | None = None
@@ -151,7 +162,7 @@ class Extender:
                     "k8s.pod.uid": uid,
                     "k8s.node.name": node,
                     "kdrl.chosen_node": node,
-                    "kdrl.policy": self.policy.name,
+                    **self._policy_attributes,
                 }
             )
             pod = self._recent.get(uid)
@@ -189,7 +200,7 @@ class Extender:
                 "k8s.pod.uid": pod.uid,
                 "kdrl.function": pod.function or "",
                 "kdrl.priority": pod.priority.value,
-                "kdrl.policy": self.policy.name,
+                **self._policy_attributes,
                 "kdrl.snapshot.age_s": snapshot.age(self.cache.clock()),
                 "kdrl.snapshot.synced": snapshot.synced,
             }

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from plugin.errors import SettingsError
-from policies import heuristics
+from policies import registry
 
 T = TypeVar("T")
 Check = Callable[[Any], str | None]  # an error text, or None when the value is fine
@@ -131,9 +131,22 @@ class PolicySettings:
         "kube-default",
         "KDRL_POLICY",
         "Placement policy that scores nodes.",
-        choices=heuristics.HEURISTIC_NAMES,
+        choices=registry.PLACEMENT_NAMES,
     )
     seed: int = _setting(0, "KDRL_POLICY_SEED", "Seed of the random policy (for reproducible runs).")
+    model: Path | None = _setting(
+        None,
+        "KDRL_MODEL",
+        "ONNX model of the `onnx` policy (default: the model shipped in the package). "
+        "Missing, corrupt or for another feature schema: kube-default serves, /readyz says degraded.",
+    )
+    device: str = _setting(
+        "auto",
+        "KDRL_DEVICE",
+        "Where ONNX Runtime runs the model: auto (CUDA when it really works), cuda, cpu.",
+        choices=("auto", "cuda", "cpu"),
+    )
+    threads: int = _setting(1, "KDRL_MODEL_THREADS", "ONNX Runtime intra-op threads.", check=_positive)
 
 
 @dataclass(frozen=True)

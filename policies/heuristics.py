@@ -10,9 +10,11 @@ cluster-wide pod state the extender does not keep.
 
 from __future__ import annotations
 
+import json
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -117,6 +119,40 @@ def image_locality(pod: PodRequest, nodes: NodeTable) -> IntArray:
     return MAX_NODE_SCORE * (clamped - IMAGE_MIN_THRESHOLD) // (ceiling - IMAGE_MIN_THRESHOLD)
 
 
+def cheapness(pod: PodRequest, nodes: NodeTable) -> IntArray:
+    """Price per allocatable core, 100 for the cheapest candidate down to 0 for the dearest
+    (all 0 when prices are unknown or equal). Not upstream: from `kdrl.dev/hourly-price`."""
+    economics = nodes.cluster.economics
+    per_core = economics.price_per_hour[nodes.origin] / np.maximum(nodes.cpu_allocatable, 1)
+    return _lower_is_better(per_core)
+
+
+def power_efficiency(pod: PodRequest, nodes: NodeTable) -> IntArray:
+    """Marginal watts per core (max − idle over cores), 100 for the most efficient candidate."""
+    economics = nodes.cluster.economics
+    watts = economics.max_watts[nodes.origin] - economics.idle_watts[nodes.origin]
+    return _lower_is_better(watts / np.maximum(nodes.cpu_allocatable, 1))
+
+
+def _lower_is_better(values: FloatArray) -> IntArray:
+    if values.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    low, high = float(values.min()), float(values.max())
+    if high <= low:
+        return np.zeros(values.size, dtype=np.int64)
+    return np.floor(MAX_NODE_SCORE * (high - values) / (high - low)).astype(np.int64)
+
+
+TERMS: dict[str, TermFunction] = {
+    "LeastAllocated": least_allocated,
+    "MostAllocated": most_allocated,
+    "BalancedAllocation": balanced_allocation,
+    "ImageLocality": image_locality,
+    "Cheapness": cheapness,
+    "PowerEfficiency": power_efficiency,
+}
+
+
 @dataclass(frozen=True)
 class WeightedSumPolicy:
     """Σ weight · term over named upstream score plugins: kube-scheduler's own arithmetic."""
@@ -170,7 +206,30 @@ class RandomPolicy:
         return np.random.default_rng([self.seed, pod_key]).random(len(nodes))
 
 
-HEURISTIC_NAMES = ("kube-default", "most-allocated", "random")
+def weighted(name: str, weights: Mapping[str, float]) -> WeightedSumPolicy:
+    """A weighted mix of `TERMS` (terms with weight 0 are left out)."""
+    unknown = set(weights) - set(TERMS)
+    if unknown:
+        raise ValueError(f"unknown score terms {sorted(unknown)}; known: {', '.join(TERMS)}")
+    return WeightedSumPolicy(
+        name=name, parts=tuple((term, float(w), TERMS[term]) for term, w in weights.items() if w)
+    )
+
+
+TUNED_WEIGHTS = Path(__file__).resolve().parent / "models" / "tuned.json"
+
+
+def tuned(path: Path = TUNED_WEIGHTS) -> WeightedSumPolicy:
+    """The best tuned heuristic: weights grid-searched on the training split (`bench.tune`)."""
+    try:
+        document = json.loads(path.read_text())
+        weights = {str(k): float(v) for k, v in document["weights"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path}: cannot read tuned weights ({error})") from error
+    return weighted("tuned", weights)
+
+
+HEURISTIC_NAMES = ("kube-default", "most-allocated", "random", "tuned")
 
 
 def by_name(name: str, *, seed: int = 0) -> PlacementPolicy:
@@ -181,4 +240,6 @@ def by_name(name: str, *, seed: int = 0) -> PlacementPolicy:
         return most_allocated_policy()
     if name == "random":
         return RandomPolicy(seed=seed)
+    if name == "tuned":
+        return tuned()
     raise KeyError(f"unknown placement policy {name!r}; known: {', '.join(HEURISTIC_NAMES)}")

@@ -15,11 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from policies import heuristics
+from policies import registry
 from simulator import clusterspec, engine, keepalive, report, study, traces, workload
 
 BUNDLED_TRACE = Path(__file__).resolve().parent / "data" / "azure2019_slice"
-PLACEMENTS = heuristics.HEURISTIC_NAMES
+# The default comparison: upstream's default, the tuned heuristic and the shipped learned model
+# (`most-allocated` and `random` on request).
+PLACEMENTS = ("kube-default", "tuned", "onnx")
 KEEPALIVES = ("knative", "fixed:10", "hybrid")
 MODES = ("cluster", "keepalive")
 
@@ -49,7 +51,10 @@ class Options:
         if self.functions is not None and self.functions <= 0:
             raise ValueError(f"--functions {self.functions}: expected a positive number")
         for name in self.placements:
-            heuristics.by_name(name)
+            if name not in registry.PLACEMENT_NAMES:
+                raise KeyError(
+                    f"unknown placement policy {name!r}; known: {', '.join(registry.PLACEMENT_NAMES)}"
+                )
         for name in self.keepalives:
             keepalive.by_name(name)
 
@@ -136,7 +141,7 @@ def _run_cluster(trace: traces.Trace, job: tuple[str | None, str], options: Opti
         workload=workload.build(trace, seed=options.seed),
         counts=trace.counts,
         cluster=clusterspec.load(options.cluster),
-        placement=heuristics.by_name(placement_name, seed=options.seed),
+        placement=registry.load(placement_name, seed=options.seed, device="cpu").policy,
         keepalive=keepalive.by_name(keepalive_name),
         seed=options.seed,
     )

@@ -1,0 +1,199 @@
+"""`kdrl train`, `kdrl tune` and `kdrl evaluate`: the learned policy's commands.
+
+Training needs the `train` extra (torch, gymnasium, onnx); the other two run on the serving
+dependencies alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from plugin.errors import SettingsError
+from policies import heuristics, onnx_policy
+from simulator import clusterspec, compare, evaluation, plots, traces
+from simulator.learning import config
+
+
+def add_commands(commands: Any) -> None:
+    train = commands.add_parser(
+        "train", help="train the PPO placement policy in the simulator", description=_train.__doc__
+    )
+    from_args = {f.name: f for f in dataclasses.fields(config.Args)}
+    for name, spec in from_args.items():
+        flag = "--" + name.replace("_", "-")
+        default = spec.default
+        if isinstance(default, bool):
+            train.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif name in ("trace", "out"):
+            train.add_argument(flag, type=Path, default=default, help=f"default: {_short(default)}")
+        elif name == "target_kl":
+            train.add_argument(flag, type=float, default=default, help=f"default: {default}")
+        else:
+            train.add_argument(flag, type=type(default), default=default, help=f"default: {default}")
+    train.set_defaults(run=_train)
+
+    tune = commands.add_parser(
+        "tune", help="grid-search the weighted heuristic on the training split", description=_tune.__doc__
+    )
+    tune.add_argument("--trace", type=Path, default=compare.BUNDLED_TRACE)
+    tune.add_argument("--out", type=Path, default=heuristics.TUNED_WEIGHTS, help="weights file to write")
+    tune.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
+    tune.set_defaults(run=_tune)
+
+    evaluate = commands.add_parser(
+        "evaluate", help="judge placement policies on the evaluation split", description=_evaluate.__doc__
+    )
+    evaluate.add_argument("--trace", type=Path, default=compare.BUNDLED_TRACE)
+    evaluate.add_argument("--population", choices=traces.POPULATIONS, help="only this population")
+    evaluate.add_argument("--functions", type=int, help="functions per case (default: per cluster)")
+    evaluate.add_argument(
+        "--cluster", default=",".join(evaluation.CLUSTERS), help="clusters, comma-separated"
+    )
+    evaluate.add_argument(
+        "--placement", default=",".join(evaluation.POLICIES), help="policies, comma-separated"
+    )
+    evaluate.add_argument("--seed", type=int, default=1, help="first seed")
+    evaluate.add_argument("--seeds", type=int, default=5, help="number of seeds (>= 2 for intervals)")
+    evaluate.add_argument("--model", type=Path, default=onnx_policy.DEFAULT_MODEL, help="ONNX model")
+    evaluate.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
+    evaluate.add_argument("--out", type=Path, default=Path("out/evaluate"), help="folder for JSON and plot")
+    evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    evaluate.set_defaults(run=_evaluate)
+
+
+def _short(value: Any) -> str:
+    path = Path(str(value))
+    return path.name if path.is_absolute() else str(path)
+
+
+def _train(args: argparse.Namespace) -> int:
+    """PPO in the simulator on the training split (first 12 hours of the trace); writes the
+    checkpoint, progress.csv, TensorBoard scalars, learning_curve.png and placement.onnx."""
+    try:
+        from simulator.learning import ppo
+    except ImportError as error:  # torch, gymnasium or onnx missing
+        raise SettingsError(f"training needs the train extra: pip install '.[train]' ({error})") from error
+
+    fields = {f.name for f in dataclasses.fields(config.Args)}
+    options = config.Args(**{k: v for k, v in vars(args).items() if k in fields})
+    if options.total_timesteps < options.batch_size:
+        raise SettingsError(f"--total-timesteps must be at least one batch ({options.batch_size})")
+    console = Console(stderr=True)
+    updates = max(options.total_timesteps // options.batch_size, 1)
+    with Progress(
+        TextColumn("[bold]PPO"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} updates"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("train", total=updates, status="")
+
+        def on_update(update: int, progress: ppo.Progress) -> None:
+            v = progress.values
+            status = (
+                f"return {v['episodic_return']:.2f}  kl {v['approx_kl']:.4f}  {v['steps_per_s']:.0f} steps/s"
+            )
+            bar.update(task, completed=update, status=status)
+
+        ppo.train(options, on_update=on_update)
+    console.print(f"model and curves in {options.out}/")
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """Grid-search the weights of the weighted heuristic (allocation, balance, image locality,
+    price, power) on the training split, against kube-default; writes the `tuned` weights."""
+    console = Console(stderr=True)
+    with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("tuning", total=None)
+        result = evaluation.tune(args.trace, workers=args.workers, progress=lambda _: bar.advance(task))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    console.print(
+        f"best weights {result['weights']} (composite {result['composite_vs_kube_default']}) -> {args.out}"
+    )
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """Every placement policy on the evaluation split (last 12 hours), per cluster and seed:
+    each objective and the composite against kube-default, with 95 % confidence intervals."""
+    clusters = [c for c in args.cluster.split(",") if c]
+    policies = [p for p in args.placement.split(",") if p]
+    if args.seeds < 1 or (args.functions is not None and args.functions <= 0):
+        raise SettingsError("--seeds and --functions must be positive")
+    try:
+        for cluster in clusters:
+            clusterspec.load(cluster)
+        compare.Options(placements=tuple(policies)).validate()
+    except (ValueError, KeyError) as error:
+        raise SettingsError(str(error).strip("'\"")) from error
+    console = Console(stderr=True)
+    with Progress(
+        *Progress.get_default_columns(), TimeElapsedColumn(), console=console, disable=args.json
+    ) as bar:
+        total = len(clusters) * args.seeds * len(set(policies) | {evaluation.REFERENCE})
+        task = bar.add_task(f"evaluating {total} runs", total=total)
+        try:
+            result = evaluation.evaluate(
+                args.trace,
+                policies=policies,
+                clusters=clusters,
+                seeds=range(args.seed, args.seed + args.seeds),
+                functions=args.functions,
+                population=args.population,
+                model=args.model,
+                workers=args.workers,
+                progress=lambda _: bar.advance(task),
+            )
+        except (traces.TraceError, clusterspec.ClusterSpecError) as error:
+            raise SettingsError(str(error)) from error
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "evaluation.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    plots.evaluation(result, args.out / "evaluation.png")
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print_evaluation(result, Console(width=200))
+        Console(stderr=True).print(f"evaluation.json and evaluation.png in {args.out}/")
+    return 0
+
+
+COLUMNS = (
+    ("composite", "composite", 3),
+    ("CPU alloc", "utilization", 3),
+    ("QoS s", "qos_weighted_cold_s", 0),
+    ("cost $", "cost_usd", 1),
+    ("energy kWh", "energy_kwh", 1),
+    ("cold p50 s", "cold_start_latency_p50_s", 2),
+    ("cold p99 s", "cold_start_latency_p99_s", 1),
+    ("SLA crit %", "sla_violation_pct_critical", 2),
+    ("SLA high %", "sla_violation_pct_high", 2),
+    ("pulls", "image_pulls", 0),
+)
+
+
+def print_evaluation(result: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title="kdrl evaluate: mean ± 95 % CI over seeds; composite vs kube-default (lower is better)"
+    )
+    table.add_column("cluster")
+    table.add_column("policy")
+    for title, _, _ in COLUMNS:
+        table.add_column(title, justify="right")
+    for entry in result["results"]:
+        cells = [
+            f"{entry[key]['mean']:.{digits}f} ± {entry[key]['ci95']:.{digits}f}" for _, key, digits in COLUMNS
+        ]
+        table.add_row(entry["cluster"], entry["policy"], *cells)
+    console.print(table)

@@ -1,0 +1,108 @@
+"""The learned placement policy, served with ONNX Runtime (CUDA when it really works, else CPU).
+
+`load` returns a `LoadedPolicy`: the policy, the execution provider in use, and, when the model
+is missing, corrupt or built for another feature schema, `kube-default` in its place with the
+reason (`degraded`), so the extender keeps serving and says why in `/readyz` and its spans.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from policies import features, heuristics
+from policies.placement import PlacementPolicy
+from policies.types import FloatArray, NodeTable, PodRequest
+
+log = logging.getLogger(__name__)
+
+MODELS = Path(__file__).resolve().parent / "models"
+DEFAULT_MODEL = MODELS / "placement.onnx"
+INPUTS = ("nodes", "pod", "cluster")
+OUTPUT = "logits"
+FORMAT_VERSION = 1
+META_VERSION = "kdrl.format"
+META_SCHEMA = "kdrl.feature_schema"
+CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+
+
+class ModelError(ValueError):
+    """A model file that cannot serve: missing, unreadable, or for another feature schema."""
+
+
+class OnnxPolicy:
+    """Scores nodes with the exported actor: one logit per candidate node."""
+
+    name = "onnx"
+
+    def __init__(self, session: ort.InferenceSession, metadata: dict[str, str]) -> None:
+        self.session, self.metadata = session, metadata
+        self.provider: str = session.get_providers()[0]
+
+    @classmethod
+    def open(cls, path: Path, *, device: str = "auto", threads: int = 1) -> OnnxPolicy:
+        """`device`: auto (CUDA if it works), cuda (the same, but say so when it does not), cpu."""
+        if not path.is_file():
+            raise ModelError(f"{path}: no such model file")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # CUDA probing failures are reported by us, once
+        wanted = (
+            [CUDA, CPU] if device in ("auto", "cuda") and CUDA in ort.get_available_providers() else [CPU]
+        )
+        try:
+            session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
+        except Exception as error:  # onnxruntime raises its own exception types for bad files
+            raise ModelError(f"{path}: not a loadable ONNX model ({error})") from error
+        metadata = dict(session.get_modelmeta().custom_metadata_map)
+        if metadata.get(META_VERSION) != str(FORMAT_VERSION):
+            raise ModelError(
+                f"{path}: model format {metadata.get(META_VERSION)!r}, expected {FORMAT_VERSION}"
+            )
+        if metadata.get(META_SCHEMA) != features.SCHEMA_HASH:
+            raise ModelError(
+                f"{path}: feature schema {metadata.get(META_SCHEMA)!r} does not match this build's "
+                f"{features.SCHEMA_HASH} (retrain or use the model shipped with this version)"
+            )
+        names = tuple(i.name for i in session.get_inputs())
+        if names != INPUTS:
+            raise ModelError(f"{path}: inputs {names}, expected {INPUTS}")
+        policy = cls(session, metadata)
+        if device == "cuda" and policy.provider != CUDA:
+            log.warning("CUDA requested but ONNX Runtime runs the model on %s", policy.provider)
+        return policy
+
+    def score(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
+        if len(nodes) == 0:
+            return np.zeros(0)
+        observation = features.encode(pod, nodes)
+        (logits,) = self.session.run(
+            [OUTPUT], {"nodes": observation.nodes, "pod": observation.pod, "cluster": observation.cluster}
+        )
+        return np.nan_to_num(np.asarray(logits, dtype=np.float64), nan=-1e9, posinf=1e9, neginf=-1e9)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPolicy:
+    policy: PlacementPolicy
+    provider: str  # the execution provider, or "none" when the heuristic stands in
+    degraded: str = ""  # why the learned model is not serving; empty when it is
+
+    def describe(self) -> dict[str, str]:
+        return {"policy": self.policy.name, "provider": self.provider, "degraded": self.degraded}
+
+
+def load(path: Path = DEFAULT_MODEL, *, device: str = "auto", threads: int = 1) -> LoadedPolicy:
+    """The learned policy, or `kube-default` with the reason when the model cannot serve."""
+    try:
+        policy = OnnxPolicy.open(path, device=device, threads=threads)
+    except ModelError as error:
+        log.error("learned placement policy unavailable, falling back to kube-default: %s", error)
+        return LoadedPolicy(policy=heuristics.kube_default(), provider="none", degraded=str(error))
+    log.info("learned placement policy %s on %s", path.name, policy.provider)
+    return LoadedPolicy(policy=policy, provider=policy.provider)

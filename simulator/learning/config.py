@@ -1,0 +1,46 @@
+"""PPO's hyperparameters: one dataclass, importable without torch (the CLI builds flags from it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Args:
+    """Every hyperparameter, with why it has its value."""
+
+    seed: int = 1  # seeds python, numpy, torch and every environment
+    trace: Path = Path(__file__).resolve().parents[1] / "data" / "azure2019_slice"
+    shapes: str = "medium"  # the cluster spec whose pool shapes the curriculum mixes
+    out: Path = Path("runs/placement")
+    total_timesteps: int = 400_000  # placements (environment steps)
+    time_budget_s: float = 2400.0  # stop after this much wall time (0: none): 40 min on 2 CPU cores
+    torch_threads: int = 1  # the simulator takes one core, the network the other
+    num_envs: int = 8  # vectorized environments (synchronous: the simulator is pure Python)
+    num_steps: int = 256  # steps per environment per rollout
+    learning_rate: float = 1e-3  # a small network; 3e-4 moved the policy too slowly
+    anneal_lr: bool = True  # linear decay to 0, as cleanrl
+    gamma: float = 0.995  # per decision; about 20 decisions a minute on a medium cluster
+    gae_lambda: float = 0.95
+    num_minibatches: int = 8
+    update_epochs: int = 4
+    norm_adv: bool = True
+    clip_coef: float = 0.2  # ε of L^CLIP
+    clip_vloss: bool = True
+    ent_coef: float = 0.01  # c2, weight of the entropy bonus S
+    vf_coef: float = 0.5  # c1, weight of L^VF
+    max_grad_norm: float = 0.5
+    target_kl: float | None = 0.03  # stop an update's epochs early past this KL
+    hidden: int = 32  # per-node width: inference cost grows with its square and the node count
+    episode_minutes: int = 45
+    device: str = "auto"  # auto: CUDA when present
+    export_onnx: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches

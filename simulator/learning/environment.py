@@ -1,0 +1,233 @@
+"""A gymnasium environment over the cluster simulator: one step places one pod.
+
+The simulation runs as a coroutine (`Simulation.steps`) and stops at every placement it has
+to make (scale-ups, pods of keep-alive windows, retries of pending pods). The observation is
+`features.encode` of the ready nodes, padded to a fixed number of rows, with a mask of the
+nodes the shared filter allows; the action is a row. The reward is what the simulator measured
+between this decision and the next (`Meters`, dollars, joules), weighted by `ObjectiveWeights`
+and scaled by per-second reference rates so that the four terms are comparable.
+
+Episodes come from `Scenarios`: a window of the training split of a trace, a subset of its
+functions, and a cluster drawn from a curriculum of sizes and node mixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from policies import features
+from policies.objectives import ObjectiveWeights
+from simulator import engine, keepalive, traces, workload
+from simulator.clusterspec import ClusterSpec, Pool
+from simulator.engine import Decision, RunResult, Simulation
+
+# The reward's four terms on one scale: cost and energy in seconds of the episode's initial
+# cluster, utilization as a share per second, and image waits so that a normal pod's typical
+# pull (~10 s) weighs like a minute of the whole cluster's cost.
+QOS_SCALE = 6.0
+REWARD_SCALE_S = 60.0  # rewards in units of one minute of the reference
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One episode's world: functions with their counts, a cluster, a seed."""
+
+    trace: traces.Trace
+    cluster: ClusterSpec
+    seed: int
+
+    def simulation(self, placement_seed: int = 0) -> Simulation:
+        from policies import heuristics
+
+        return Simulation(
+            workload=workload.build(self.trace, seed=self.seed),
+            counts=self.trace.counts,
+            cluster=self.cluster,
+            placement=heuristics.RandomPolicy(seed=placement_seed),  # unused when driven
+            keepalive=keepalive.by_name("knative"),
+            seed=self.seed,
+        )
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    """Cluster sizes grow by stage; node mixes are drawn from the bundled pool shapes."""
+
+    stages: tuple[tuple[int, int], ...] = ((6, 16), (12, 32), (20, 48))  # (min, max) initial nodes
+    functions_per_node: tuple[float, float] = (2.0, 4.5)
+    minutes: int = 45
+
+    def stage(self, progress: float) -> tuple[int, int]:
+        index = min(int(progress * len(self.stages)), len(self.stages) - 1)
+        return self.stages[index]
+
+
+@dataclass
+class Scenarios:
+    """Draws episodes from the training split of a trace, following the curriculum."""
+
+    trace: traces.Trace
+    shapes: Sequence[Pool]  # pool templates; counts and bounds are drawn
+    curriculum: Curriculum = field(default_factory=Curriculum)
+    minutes: tuple[int, int] = traces.TRAIN_MINUTES  # the only part training sees
+    progress: float = 0.0  # 0..1, set by the trainer
+
+    def draw(self, rng: np.random.Generator) -> Scenario:
+        low, high = self.curriculum.stage(self.progress)
+        nodes = int(rng.integers(low, high + 1))
+        cluster = random_cluster(self.shapes, nodes, rng)
+        per_node = rng.uniform(*self.curriculum.functions_per_node)
+        count = int(min(len(self.trace), max(4, round(nodes * per_node))))
+        rows = np.sort(rng.choice(len(self.trace), size=count, replace=False))
+        start = int(rng.integers(self.minutes[0], self.minutes[1] - self.curriculum.minutes + 1))
+        window = self.trace.subset(rows).window(start, start + self.curriculum.minutes)
+        return Scenario(trace=window, cluster=cluster, seed=int(rng.integers(2**31)))
+
+    @property
+    def max_rows(self) -> int:
+        return max_rows(self.curriculum.stages[-1][1], self.shapes)
+
+
+def random_cluster(shapes: Sequence[Pool], nodes: int, rng: np.random.Generator) -> ClusterSpec:
+    """`nodes` nodes over a random mix of the pool shapes (GPU pools get at most a few)."""
+    weights = rng.dirichlet(np.ones(len(shapes)))
+    counts = np.maximum(np.floor(weights * nodes).astype(int), 0)
+    counts[int(np.argmax(weights))] += nodes - counts.sum()
+    pools = []
+    for shape, count in zip(shapes, counts.tolist()):
+        if shape.gpus:
+            count = min(count, max(1, nodes // 8))
+        if count == 0:
+            continue
+        pools.append(replace(shape, count=count, min=count // 3, max=2 * count))
+    return ClusterSpec(name=f"curriculum-{nodes}", pools=tuple(pools))
+
+
+def max_rows(nodes: int, shapes: Sequence[Pool]) -> int:
+    """Rows an observation needs: every node a cluster of `nodes` may grow to."""
+    return 2 * nodes + len(shapes)
+
+
+class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
+    """One pod per step; see the module docstring."""
+
+    def __init__(
+        self,
+        draw: Callable[[np.random.Generator], Scenario],
+        max_rows: int,
+        weights: ObjectiveWeights | None = None,
+    ) -> None:
+        self.draw, self.rows, self.weights = draw, max_rows, weights or ObjectiveWeights()
+        box = spaces.Box(-np.inf, np.inf, dtype=np.float32, shape=(max_rows, len(features.NODE_FEATURES)))
+        self.observation_space = spaces.Dict(  # type: ignore[assignment]
+            {
+                "nodes": box,
+                "mask": spaces.MultiBinary(max_rows),
+                "pod": spaces.Box(-np.inf, np.inf, dtype=np.float32, shape=(len(features.POD_FEATURES),)),
+                "cluster": spaces.Box(
+                    -np.inf, np.inf, dtype=np.float32, shape=(len(features.CLUSTER_FEATURES),)
+                ),
+            }
+        )
+        self.action_space = spaces.Discrete(max_rows)  # type: ignore[assignment]
+        self._steps: engine.Steps | None = None
+        self._decision: Decision | None = None
+        self._reward: RewardMeter | None = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        while True:  # a scenario whose window needs no placement at all is skipped
+            scenario = self.draw(self.np_random)
+            simulation = scenario.simulation()
+            self._steps = simulation.steps()
+            self._reward = RewardMeter(simulation, self.weights)
+            try:
+                self._decision = next(self._steps)
+            except StopIteration:
+                continue
+            if len(self._decision.nodes) <= self.rows:
+                break
+        return self._observe(self._decision), {"nodes": scenario.cluster.initial_nodes}
+
+    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        assert self._steps is not None and self._decision is not None and self._reward is not None
+        row = int(action)
+        if not (row < len(self._decision.nodes) and self._decision.feasible[row]):
+            row = int(np.flatnonzero(self._decision.feasible)[0])  # masked sampling never gets here
+        try:
+            self._decision = self._steps.send(row)
+        except StopIteration as finished:
+            result: RunResult = finished.value
+            reward = self._reward.take()
+            return self._blank(), reward, True, False, {"result": result}
+        return self._observe(self._decision), self._reward.take(now=self._decision.now), False, False, {}
+
+    @property
+    def decision(self) -> Decision | None:
+        """The placement the current observation asks for (None before reset)."""
+        return self._decision
+
+    def _observe(self, decision: Decision) -> dict[str, np.ndarray]:
+        return pad(
+            features.encode(decision.pod, decision.nodes, decision.feasible), decision.feasible, self.rows
+        )
+
+    def _blank(self) -> dict[str, np.ndarray]:
+        sample: dict[str, np.ndarray] = self.observation_space.sample()
+        return {key: np.zeros_like(value) for key, value in sample.items()}
+
+
+def pad(observation: features.Observation, feasible: np.ndarray, rows: int) -> dict[str, np.ndarray]:
+    """The observation as fixed-size arrays: node rows beyond the table are zeros, masked off."""
+    size = min(len(feasible), rows)
+    nodes = np.zeros((rows, observation.nodes.shape[1]), dtype=np.float32)
+    nodes[:size] = observation.nodes[:size]
+    mask = np.zeros(rows, dtype=np.int8)
+    mask[:size] = feasible[:size]
+    return {"nodes": nodes, "mask": mask, "pod": observation.pod, "cluster": observation.cluster}
+
+
+class RewardMeter:
+    """The weighted change in measured objectives since the last decision.
+
+    Cost, energy and utilization accrue over the interval (every earlier decision shaped
+    them). For quality of service the reward takes the part a placement decides and the
+    simulator measures at once: the seconds the new pod waits for its image (a pull, or one
+    in progress), weighted by priority; cold starts from scaling from zero happen wherever the
+    pod goes and would only add noise to the signal.
+    """
+
+    def __init__(self, simulation: Simulation, weights: ObjectiveWeights) -> None:
+        spec = simulation.nodes.spec
+        self.result, self.weights = simulation.result, weights
+        self.cost_rate = sum(p.count * p.price_per_hour for p in spec.pools) / 3600.0
+        self.watts = sum(p.count * p.power.watts[0] for p in spec.pools)
+        self.last = self._totals()
+        self.now = 0.0
+
+    def _totals(self) -> tuple[float, float, float, float]:
+        meters = self.result.meters
+        return meters.utilization_s, meters.weighted_pull_s, self.result.cost_usd, self.result.energy_j
+
+    def take(self, *, now: float | None = None) -> float:
+        totals = self._totals()
+        now = self.now if now is None else now
+        elapsed, self.now = now - self.now, now
+        utilization, pull, cost, energy = (after - before for after, before in zip(totals, self.last))
+        self.last = totals
+        w = self.weights
+        loss = (
+            w.utilization * (elapsed - utilization)
+            + w.qos * pull * QOS_SCALE
+            + w.cost * cost / max(self.cost_rate, 1e-9)
+            + w.other * energy / max(self.watts, 1e-9)
+        )
+        return -loss / REWARD_SCALE_S

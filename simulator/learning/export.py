@@ -1,0 +1,99 @@
+"""Export the actor to ONNX with a dynamic node axis, and refuse a file ONNX Runtime disagrees with.
+
+The graph takes one pod: `nodes` [N, F], `pod` [P], `cluster` [C] -> `logits` [N]; the
+normalisation statistics are constants inside it. Metadata (read back by `OnnxPolicy`) names
+the format version, the feature-schema hash, the training configuration and the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from policies import features, onnx_policy
+from simulator.learning.network import ActorCritic, Scorer
+
+PARITY_TOLERANCE = 1e-5
+
+
+class ExportError(RuntimeError):
+    """The exported graph does not compute what the torch model computes."""
+
+
+def export(model: ActorCritic, path: Path, config: Mapping[str, Any]) -> float:
+    """Write `path`; returns the max abs difference between torch and ONNX Runtime (CPU)."""
+    scorer = Scorer(model.cpu()).eval()
+    nodes, pod, cluster = parity_batch(17)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        # The TorchScript exporter is deprecated in favour of torch.export, which needs
+        # onnxscript; this small static graph exports the same either way.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        _export(scorer, nodes, pod, cluster, path)
+    graph = onnx.load(str(path))
+    metadata = {
+        onnx_policy.META_VERSION: str(onnx_policy.FORMAT_VERSION),
+        onnx_policy.META_SCHEMA: features.SCHEMA_HASH,
+        "kdrl.config": json.dumps(dict(config), sort_keys=True, default=str),
+        "kdrl.commit": _commit(),
+        "kdrl.hidden": str(model.hidden),
+    }
+    onnx.helper.set_model_props(graph, metadata)
+    onnx.save(graph, str(path))
+    worst = 0.0
+    for size in (1, 17, 1000):
+        worst = max(worst, parity(scorer, path, *parity_batch(size)))
+    if worst > PARITY_TOLERANCE:
+        path.unlink(missing_ok=True)
+        raise ExportError(f"ONNX Runtime differs from torch by {worst:.2e} > {PARITY_TOLERANCE:.0e}")
+    return worst
+
+
+def _export(scorer: Scorer, nodes: np.ndarray, pod: np.ndarray, cluster: np.ndarray, path: Path) -> None:
+    torch.onnx.export(
+        scorer,
+        (torch.from_numpy(nodes), torch.from_numpy(pod), torch.from_numpy(cluster)),
+        str(path),
+        input_names=list(onnx_policy.INPUTS),
+        output_names=[onnx_policy.OUTPUT],
+        dynamic_axes={"nodes": {0: "node"}, "logits": {0: "node"}},
+        opset_version=17,
+        dynamo=False,
+    )
+
+
+def parity_batch(size: int, seed: int = 7) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A fixed batch of plausible inputs."""
+    rng = np.random.default_rng([seed, size])
+    return (
+        rng.normal(0.5, 0.5, (size, len(features.NODE_FEATURES))).astype(np.float32),
+        rng.normal(0.5, 0.5, len(features.POD_FEATURES)).astype(np.float32),
+        rng.normal(0.5, 0.5, len(features.CLUSTER_FEATURES)).astype(np.float32),
+    )
+
+
+def parity(scorer: Scorer, path: Path, nodes: np.ndarray, pod: np.ndarray, cluster: np.ndarray) -> float:
+    with torch.no_grad():
+        expected = scorer(torch.from_numpy(nodes), torch.from_numpy(pod), torch.from_numpy(cluster)).numpy()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"nodes": nodes, "pod": pod, "cluster": cluster})
+    return float(np.max(np.abs(np.asarray(got) - expected)))
+
+
+def _commit() -> str:
+    try:
+        found = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return found.stdout.strip() or "unknown"

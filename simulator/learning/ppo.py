@@ -1,0 +1,292 @@
+"""PPO for the placement policy, in the style of cleanrl's `ppo.py` (one file, one `Args`).
+
+Loss terms carry the names of Schulman et al. (2017): the clipped surrogate objective L^CLIP,
+the value loss L^VF and the entropy bonus S; advantages by GAE (Schulman et al., 2016).
+Episodes come from the training split only (`environment.TRAIN_MINUTES`), through a curriculum
+over cluster sizes and node mixes. Writes `progress.csv`, TensorBoard scalars,
+`learning_curve.png`, the checkpoint and the exported ONNX model to `out`.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from policies import features
+from simulator import clusterspec, traces
+from simulator.learning import environment, export
+from simulator.learning.config import Args
+from simulator.learning.network import ActorCritic
+
+
+@dataclass
+class Progress:
+    """Scalars of one update, as written to CSV and TensorBoard."""
+
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = True
+
+
+def pick_device(wanted: str) -> str:
+    if wanted == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return wanted
+
+
+def make_envs(args: Args) -> tuple[gym.vector.SyncVectorEnv, environment.Scenarios]:
+    trace = traces.load(args.trace)
+    shapes = clusterspec.load(args.shapes).pools
+    scenarios = environment.Scenarios(
+        trace=trace, shapes=shapes, curriculum=environment.Curriculum(minutes=args.episode_minutes)
+    )
+
+    def make() -> gym.Env[Any, Any]:
+        return environment.PlacementEnv(scenarios.draw, scenarios.max_rows)
+
+    envs = gym.vector.SyncVectorEnv(
+        [make for _ in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    return envs, scenarios
+
+
+def _tensors(obs: dict[str, np.ndarray], device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (
+        torch.as_tensor(obs["nodes"], device=device),
+        torch.as_tensor(obs["mask"], device=device).bool(),
+        torch.as_tensor(obs["pod"], device=device),
+        torch.as_tensor(obs["cluster"], device=device),
+    )
+
+
+def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: None) -> ActorCritic:
+    seed_everything(args.seed)
+    torch.set_num_threads(args.torch_threads)
+    device = torch.device(pick_device(args.device))
+    envs, scenarios = make_envs(args)
+    model = ActorCritic(args.hidden).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, eps=1e-5)
+    rows = scenarios.max_rows
+    shape = (args.num_steps, args.num_envs)
+    nodes_buf = torch.zeros((*shape, rows, len(features.NODE_FEATURES)), device=device)
+    mask_buf = torch.zeros((*shape, rows), dtype=torch.bool, device=device)
+    pod_buf = torch.zeros((*shape, len(features.POD_FEATURES)), device=device)
+    cluster_buf = torch.zeros((*shape, len(features.CLUSTER_FEATURES)), device=device)
+    actions, logprobs, rewards, dones, values = (torch.zeros(shape, device=device) for _ in range(5))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    writer = _writer(args.out)
+    log = _CsvLog(args.out / "progress.csv")
+    global_step, started = 0, time.time()
+    obs, _ = envs.reset(seed=args.seed)
+    next_obs = _tensors(obs, device)
+    next_done = torch.zeros(args.num_envs, device=device)
+    updates = max(args.total_timesteps // args.batch_size, 1)
+    episode_returns: list[float] = []
+    running_return = np.zeros(args.num_envs)
+    reward_scale = RewardScale(args.num_envs, args.gamma)
+
+    for update in range(1, updates + 1):
+        fraction = (update - 1) / updates
+        scenarios.progress = fraction
+        if args.anneal_lr:
+            optimizer.param_groups[0]["lr"] = (1.0 - fraction) * args.learning_rate
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            nodes, mask, pod, cluster = next_obs
+            nodes_buf[step], mask_buf[step], pod_buf[step], cluster_buf[step] = nodes, mask, pod, cluster
+            dones[step] = next_done
+            model.update_norms(nodes, mask, pod, cluster)
+            with torch.no_grad():
+                logits, value = model(nodes, mask, pod, cluster)
+                distribution = torch.distributions.Categorical(logits=logits)
+                action = distribution.sample()
+            values[step], actions[step], logprobs[step] = value, action, distribution.log_prob(action)
+            obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
+            running_return += reward
+            finished = np.logical_or(terminated, truncated)
+            for env_index in np.flatnonzero(finished):
+                episode_returns.append(float(running_return[env_index]))
+                running_return[env_index] = 0.0
+            scaled = reward_scale(np.asarray(reward, dtype=np.float64), finished)
+            rewards[step] = torch.as_tensor(scaled, device=device, dtype=torch.float32)
+            next_obs = _tensors(obs, device)
+            next_done = torch.as_tensor(finished, device=device, dtype=torch.float32)
+
+        with torch.no_grad():
+            _, next_value = model(*next_obs)
+            advantages = torch.zeros_like(rewards)
+            last_gae = torch.zeros(args.num_envs, device=device)
+            for t in reversed(range(args.num_steps)):
+                if t == args.num_steps - 1:
+                    next_nonterminal, following = 1.0 - next_done, next_value
+                else:
+                    next_nonterminal, following = 1.0 - dones[t + 1], values[t + 1]
+                delta = rewards[t] + args.gamma * following * next_nonterminal - values[t]
+                last_gae = delta + args.gamma * args.gae_lambda * next_nonterminal * last_gae
+                advantages[t] = last_gae
+            returns = advantages + values
+
+        b_nodes, b_mask = nodes_buf.flatten(0, 1), mask_buf.flatten(0, 1)
+        b_pod, b_cluster = pod_buf.flatten(0, 1), cluster_buf.flatten(0, 1)
+        b_actions, b_logprobs = actions.flatten().long(), logprobs.flatten()
+        b_advantages, b_returns, b_values = advantages.flatten(), returns.flatten(), values.flatten()
+        stats: dict[str, float] = {}
+        clipfracs: list[float] = []
+        for _epoch in range(args.update_epochs):
+            order = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb = order[start : start + args.minibatch_size]
+                logits, new_value = model(b_nodes[mb], b_mask[mb], b_pod[mb], b_cluster[mb])
+                distribution = torch.distributions.Categorical(logits=logits)
+                new_logprob = distribution.log_prob(b_actions[mb])
+                entropy = _masked_entropy(logits, b_mask[mb])
+                log_ratio = new_logprob - b_logprobs[mb]
+                ratio = log_ratio.exp()
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - log_ratio).mean()
+                    clipfracs.append(float(((ratio - 1.0).abs() > args.clip_coef).float().mean()))
+                adv = b_advantages[mb]
+                if args.norm_adv:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                # L^CLIP, as a loss to minimise
+                policy_loss = torch.max(
+                    -adv * ratio, -adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                ).mean()
+                # L^VF, optionally clipped around the rollout's values
+                if args.clip_vloss:
+                    clipped = b_values[mb] + torch.clamp(
+                        new_value - b_values[mb], -args.clip_coef, args.clip_coef
+                    )
+                    value_loss = (
+                        0.5
+                        * torch.max((new_value - b_returns[mb]) ** 2, (clipped - b_returns[mb]) ** 2).mean()
+                    )
+                else:
+                    value_loss = 0.5 * ((new_value - b_returns[mb]) ** 2).mean()
+                entropy_bonus = entropy.mean()  # S
+                loss = policy_loss - args.ent_coef * entropy_bonus + args.vf_coef * value_loss
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+            if args.target_kl is not None and float(approx_kl) > args.target_kl:
+                break
+
+        recent = episode_returns[-20:]
+        stats = {
+            "global_step": float(global_step),
+            "wall_s": time.time() - started,
+            "steps_per_s": global_step / max(time.time() - started, 1e-9),
+            "learning_rate": float(optimizer.param_groups[0]["lr"]),
+            "episodic_return": float(np.mean(recent)) if recent else float("nan"),
+            "episodes": float(len(episode_returns)),
+            "loss_clip": float(policy_loss.detach()),
+            "loss_value": float(value_loss.detach()),
+            "entropy": float(entropy_bonus.detach()),
+            "approx_kl": float(approx_kl),
+            "clipfrac": float(np.mean(clipfracs)),
+            "curriculum_stage": float(scenarios.curriculum.stage(fraction)[1]),
+        }
+        log.write(stats)
+        for key, value in stats.items():
+            writer.add_scalar(f"train/{key}", value, global_step)
+        on_update(update, Progress(stats))
+        if args.time_budget_s and time.time() - started > args.time_budget_s:
+            break
+
+    writer.close()
+    envs.close()
+    model.cpu()
+    torch.save({"model": model.state_dict(), "args": _config(args)}, args.out / "model.pt")
+    learning_curve(args.out / "progress.csv", args.out / "learning_curve.png")
+    if args.export_onnx:
+        export.export(model, args.out / "placement.onnx", _config(args))
+    return model
+
+
+class RewardScale:
+    """Rewards divided by the running std of the discounted return (as gymnasium's
+    NormalizeReward): returns of order 1, so the value loss does not swamp the policy's
+    gradient under the shared encoder and gradient clipping."""
+
+    def __init__(self, envs: int, gamma: float) -> None:
+        self.gamma, self.returns = gamma, np.zeros(envs)
+        self.count, self.mean, self.m2 = 1e-4, 0.0, 0.0
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.gamma + reward
+        for value in self.returns:
+            self.count += 1
+            delta = value - self.mean
+            self.mean += delta / self.count
+            self.m2 += delta * (value - self.mean)
+        self.returns[done] = 0.0
+        scaled: np.ndarray = reward / np.sqrt(self.m2 / self.count + 1e-8)
+        return scaled
+
+
+def _masked_entropy(logits: Tensor, mask: Tensor) -> Tensor:
+    """Entropy over the feasible rows only (masked rows have probability 0)."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    p = log_p.exp()
+    return -(torch.where(mask, p * log_p, torch.zeros_like(p))).sum(-1)
+
+
+def _config(args: Args) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
+
+
+def _writer(out: Path) -> Any:
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(out / "tensorboard"))
+
+
+class _CsvLog:
+    def __init__(self, path: Path) -> None:
+        self.path, self.header = path, False
+        path.unlink(missing_ok=True)
+
+    def write(self, row: dict[str, float]) -> None:
+        with self.path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(row))
+            if not self.header:
+                writer.writeheader()
+                self.header = True
+            writer.writerow(row)
+
+
+def learning_curve(csv_path: Path, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with csv_path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    steps = [float(r["global_step"]) for r in rows]
+    returns = [float(r["episodic_return"]) for r in rows]
+    figure, axis = plt.subplots(figsize=(6, 3.5))
+    axis.plot(steps, returns)
+    axis.set_xlabel("placements (environment steps)")
+    axis.set_ylabel("episodic return (mean of last 20)")
+    axis.set_title("PPO on the training split")
+    figure.tight_layout()
+    figure.savefig(png, dpi=120)
+    plt.close(figure)

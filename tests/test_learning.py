@@ -1,0 +1,187 @@
+"""The learning environment, its reward, PPO training, ONNX export and the served model."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from policies import features, filtering, heuristics, onnx_policy
+from policies.objectives import ObjectiveWeights
+from simulator import clusterspec, compare, engine, keepalive, traces
+from simulator.clusterspec import ClusterSpec
+from simulator.learning import environment, export, network, ppo
+from simulator.learning.config import Args
+from tests.test_engine import one_function
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def scenarios() -> environment.Scenarios:
+    trace = traces.load(compare.BUNDLED_TRACE)
+    return environment.Scenarios(
+        trace=trace,
+        shapes=clusterspec.load("medium").pools,
+        curriculum=environment.Curriculum(stages=((6, 10),), minutes=6),
+    )
+
+
+def run_episode(env: environment.PlacementEnv, seed: int) -> tuple[list[float], int]:
+    observation, _ = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    rewards = []
+    while True:
+        assert env.observation_space.contains(observation)
+        action = int(rng.choice(np.flatnonzero(observation["mask"])))
+        observation, reward, terminated, truncated, _ = env.step(action)
+        rewards.append(reward)
+        if terminated or truncated:
+            return rewards, len(rewards)
+
+
+def test_environment_contract(scenarios: environment.Scenarios) -> None:
+    env = environment.PlacementEnv(scenarios.draw, scenarios.max_rows)
+    rewards, steps = run_episode(env, seed=5)
+    assert steps > 0 and np.isfinite(rewards).all()
+    assert run_episode(env, seed=5)[0] == rewards  # seeded: the same episode again
+
+
+def test_mask_is_the_extenders_filter(scenarios: environment.Scenarios) -> None:
+    env = environment.PlacementEnv(scenarios.draw, scenarios.max_rows)
+    observation, _ = env.reset(seed=11)
+    checked = 0
+    for _ in range(300):
+        decision = env.decision
+        assert decision is not None
+        verdicts = filtering.filter_nodes(decision.pod, decision.nodes, explain=False)
+        rows = len(decision.nodes)
+        np.testing.assert_array_equal(observation["mask"][:rows].astype(bool), verdicts.feasible)
+        assert not observation["mask"][rows:].any()  # padding is never a choice
+        tainted = np.array([bool(t) for t in decision.nodes.taints])
+        if decision.pod.gpu == 0 and tainted.any():
+            assert not observation["mask"][:rows][tainted].any()  # GPU nodes refuse other pods
+            checked += 1
+        observation, _, terminated, _, _ = env.step(int(np.flatnonzero(observation["mask"])[0]))
+        if terminated:
+            observation, _ = env.reset()
+        if checked > 5:
+            break
+    assert checked > 0
+
+
+def two_pool_cluster() -> ClusterSpec:
+    base = clusterspec.load("small").pools[0]
+    fast = dataclasses.replace(base, name="fast", count=1, min=1, max=1, pull_bytes_per_s=100.0 * MiB)
+    slow = dataclasses.replace(base, name="slow", count=1, min=1, max=1, pull_bytes_per_s=10.0 * MiB)
+    return ClusterSpec(name="two", pools=(fast, slow))
+
+
+@pytest.mark.parametrize(("pool", "pull_s"), [("fast", 4.0), ("slow", 40.0)])
+def test_reward_charges_the_measured_image_wait(pool: str, pull_s: float) -> None:
+    """A high-priority pod (weight 2) of a 400 MiB image: the placement's reward is the image
+    wait the simulator measures on the chosen node, weighted, and nothing else (QoS only)."""
+    simulation = engine.Simulation(
+        workload=one_function(initial_scale=2),
+        counts=np.zeros((1, 2), dtype=np.int64),
+        cluster=two_pool_cluster(),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("knative"),
+        seed=1,
+        new_revisions=True,
+    )
+    meter = environment.RewardMeter(simulation, ObjectiveWeights(utilization=0, qos=1, cost=0, other=0))
+    steps = simulation.steps()
+    first = next(steps)
+    row = [str(n).startswith(pool) for n in first.nodes.names].index(True)
+    second = steps.send(row)
+    reward = meter.take(now=second.now)
+    assert simulation.result.meters.weighted_pull_s == pytest.approx(2.0 * pull_s)
+    assert reward == pytest.approx(-2.0 * pull_s * environment.QOS_SCALE / environment.REWARD_SCALE_S)
+    with pytest.raises(StopIteration):  # the second pod, on the same node, waits for the same pull
+        steps.send(row)
+    assert simulation.result.meters.weighted_pull_s == pytest.approx(2.0 * pull_s * 2)
+
+
+def test_network_is_permutation_equivariant_and_any_size() -> None:
+    model = network.ActorCritic(hidden=16).eval()
+    scorer = network.Scorer(model)
+    for size in (1, 7, 10_000):
+        nodes, pod, cluster = (torch.from_numpy(a) for a in export.parity_batch(size))
+        logits = scorer(nodes, pod, cluster)
+        assert logits.shape == (size,) and torch.isfinite(logits).all()
+        order = torch.randperm(size)
+        torch.testing.assert_close(scorer(nodes[order], pod, cluster), logits[order], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("train")
+    args = Args(
+        out=out,
+        total_timesteps=256,
+        num_envs=2,
+        num_steps=64,
+        num_minibatches=2,
+        update_epochs=1,
+        episode_minutes=5,
+        hidden=16,
+        time_budget_s=0,
+    )
+    ppo.train(args)
+    return out
+
+
+def test_smoke_training_writes_everything(trained: Path) -> None:
+    for name in ("model.pt", "progress.csv", "learning_curve.png", "placement.onnx"):
+        assert (trained / name).is_file(), name
+    assert any((trained / "tensorboard").iterdir())
+    rows = (trained / "progress.csv").read_text().splitlines()
+    assert rows[0].startswith("global_step") and len(rows) == 3  # header + 2 updates
+
+
+def test_exported_model_serves_with_metadata(trained: Path) -> None:
+    policy = onnx_policy.OnnxPolicy.open(trained / "placement.onnx", device="cpu")
+    assert policy.provider == "CPUExecutionProvider"
+    assert policy.metadata[onnx_policy.META_SCHEMA] == features.SCHEMA_HASH
+    assert '"total_timesteps": 256' in policy.metadata["kdrl.config"]
+    assert policy.metadata["kdrl.commit"]
+
+
+def test_export_parity_catches_a_different_graph(trained: Path, tmp_path: Path) -> None:
+    state = torch.load(trained / "model.pt", weights_only=False)
+    model = network.ActorCritic(hidden=16)
+    model.load_state_dict(state["model"])
+    assert export.parity(
+        network.Scorer(model).eval(), trained / "placement.onnx", *export.parity_batch(50)
+    ) <= (export.PARITY_TOLERANCE)
+    other = network.ActorCritic(hidden=16)  # fresh weights: not what the file computes
+    assert export.parity(
+        network.Scorer(other).eval(), trained / "placement.onnx", *export.parity_batch(50)
+    ) > (export.PARITY_TOLERANCE)
+
+
+def test_schema_mismatch_falls_back_to_kube_default(trained: Path, tmp_path: Path) -> None:
+    import onnx
+
+    graph = onnx.load(str(trained / "placement.onnx"))
+    onnx.helper.set_model_props(
+        graph, {onnx_policy.META_VERSION: str(onnx_policy.FORMAT_VERSION), onnx_policy.META_SCHEMA: "0" * 16}
+    )
+    changed = tmp_path / "other-schema.onnx"
+    onnx.save(graph, str(changed))
+    loaded = onnx_policy.load(changed, device="cpu")
+    assert loaded.policy.name == "kube-default" and "feature schema" in loaded.degraded
+
+
+@pytest.mark.parametrize("content", [None, b"", b"not an onnx model at all"])
+def test_missing_or_corrupt_model_falls_back(tmp_path: Path, content: bytes | None) -> None:
+    path = tmp_path / "model.onnx"
+    if content is not None:
+        path.write_bytes(content)
+    loaded = onnx_policy.load(path, device="cpu")
+    assert loaded.policy.name == "kube-default"
+    assert loaded.provider == "none" and str(path) in loaded.degraded
