@@ -161,11 +161,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "evaluation.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     plots.evaluation(result, args.out / "evaluation.png")
+    (args.out / "evaluation.md").write_text(markdown_evaluation(result))
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
         print_evaluation(result, Console(width=200))
-        Console(stderr=True).print(f"evaluation.json and evaluation.png in {args.out}/")
+        Console(stderr=True).print(f"evaluation.json, .md and .png in {args.out}/")
     return 0
 
 
@@ -197,3 +198,15 @@ def print_evaluation(result: dict[str, Any], console: Console) -> None:
         ]
         table.add_row(entry["cluster"], entry["policy"], *cells)
     console.print(table)
+
+
+def markdown_evaluation(result: dict[str, Any]) -> str:
+    """The same table as Markdown, for docs/."""
+    header = ["cluster", "policy", *(title for title, _, _ in COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for entry in result["results"]:
+        cells = [
+            f"{entry[key]['mean']:.{digits}f} ± {entry[key]['ci95']:.{digits}f}" for _, key, digits in COLUMNS
+        ]
+        lines.append("| " + " | ".join([entry["cluster"], entry["policy"], *cells]) + " |")
+    return "\n".join(lines) + "\n"

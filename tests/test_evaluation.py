@@ -1,0 +1,65 @@
+"""`kdrl evaluate` and the tuned heuristic's grid search: splits, composites, intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plugin import cli
+from policies import heuristics
+from policies.objectives import Objectives, ObjectiveWeights, composite
+from simulator import compare, evaluation
+
+
+def test_composite_is_one_for_the_reference_and_lower_when_better() -> None:
+    reference = Objectives(utilization=0.3, qos_s=100.0, cost_usd=10.0, energy_j=1e6)
+    weights = ObjectiveWeights()
+    assert composite(reference, reference, weights) == pytest.approx(1.0)
+    better = Objectives(utilization=0.6, qos_s=100.0, cost_usd=8.0, energy_j=0.9e6)
+    expected = (0.5 * 0.4 / 0.7 + 0.3 * 1.0 + 0.1 * 0.8 + 0.1 * 0.9) / 1.0
+    assert composite(better, reference, weights) == pytest.approx(expected)
+
+
+def test_interval_uses_students_t() -> None:
+    result = evaluation.interval([1.0, 2.0, 3.0])
+    assert result["mean"] == 2.0
+    assert result["ci95"] == pytest.approx(4.303 * 1.0 / 3**0.5, rel=1e-4)
+    assert evaluation.interval([5.0]) == {"mean": 5.0, "ci95": 0.0}
+
+
+def test_evaluate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "eval"
+    argv = ["evaluate", "--cluster", "small", "--functions", "12", "--seeds", "2", "--workers", "1"]
+    argv += ["--placement", "tuned,kube-default", "--out", str(out), "--json"]
+    assert cli.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["config"]["minutes"] == [720, 1440]  # the evaluation split only
+    by_policy = {e["policy"]: e for e in result["results"]}
+    assert by_policy["kube-default"]["composite"] == {"mean": 1.0, "ci95": 0.0}
+    tuned = by_policy["tuned"]
+    assert tuned["seeds"] == 2 and tuned["composite"]["ci95"] >= 0.0
+    assert set(tuned) >= {"utilization", "qos_weighted_cold_s", "cost_usd", "energy_kwh"}
+    for name in ("evaluation.json", "evaluation.png", "evaluation.md"):
+        assert (out / name).is_file()
+
+
+def test_tuning_refuses_the_evaluation_split() -> None:
+    case = evaluation.Case("small", 1, 8, (600, 780))
+    with pytest.raises(ValueError, match="beyond the training split"):
+        evaluation.tune(compare.BUNDLED_TRACE, cases=(case,))
+
+
+def test_tuning_picks_the_best_combination_of_its_grid() -> None:
+    case = evaluation.Case("small", 3, 20, (0, 60))
+    result = evaluation.tune(compare.BUNDLED_TRACE, cases=(case,), grid=(0.0, 1.0), workers=1)
+    scores = [entry["composite"] for entry in result["ranking"]]
+    assert scores == sorted(scores) and result["composite_vs_kube_default"] == scores[0]
+    assert set(result["weights"]) == {"BalancedAllocation", *evaluation.TUNE_TERMS}
+    heuristics.weighted("check", result["weights"])  # the written weights load as a policy
+
+
+def test_shipped_tuned_weights_load() -> None:
+    policy = heuristics.tuned()
+    assert policy.name == "tuned" and policy.parts
