@@ -166,6 +166,64 @@ async def bind_pod(
         )
 
 
+SERVING = ("serving.knative.dev", "v1")
+
+
+@api_call("serving.knative.dev", "services", "get")
+async def get_service(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
+    """A Knative Service (its `status.traffic` names the routed revisions)."""
+    custom = client.CustomObjectsApi(api)
+    return await _read(
+        custom.get_namespaced_custom_object_without_preload_content(
+            *SERVING, namespace, "services", name, _request_timeout=timeout_s
+        ),
+        f"get service {namespace}/{name}",
+    )
+
+
+@api_call("serving.knative.dev", "revisions", "get")
+async def get_revision(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
+    custom = client.CustomObjectsApi(api)
+    return await _read(
+        custom.get_namespaced_custom_object_without_preload_content(
+            *SERVING, namespace, "revisions", name, _request_timeout=timeout_s
+        ),
+        f"get revision {namespace}/{name}",
+    )
+
+
+@api_call("serving.knative.dev", "revisions", "patch")
+async def patch_revision(
+    api: client.ApiClient, *, namespace: str, name: str, patch: Obj, resource_version: str, timeout_s: float
+) -> Obj:
+    """JSON merge patch of a Revision, guarded by `resourceVersion` (a 409 when it changed)."""
+    guarded = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": resource_version}}
+    custom = client.CustomObjectsApi(api)
+    call = custom.patch_namespaced_custom_object_without_preload_content(
+        *SERVING,
+        namespace,
+        "revisions",
+        name,
+        guarded,
+        _request_timeout=timeout_s,
+        _content_type="application/merge-patch+json",
+    )
+    return await _read(call, f"patch revision {namespace}/{name}")
+
+
+async def _read(call: Awaitable[Any], what: str) -> Obj:
+    try:
+        response = await call
+        async with response:
+            status, body = response.status, await response.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as error:
+        raise KubeApiError(f"{what} failed: {error or type(error).__name__}") from error
+    if status != 200:
+        raise KubeApiError(f"{what} failed: {_status_message(body)}", status=status)
+    result: Obj = json.loads(body)
+    return result
+
+
 def _status_message(body: bytes) -> str:
     """The `message` of a Kubernetes `Status` body, or the body itself."""
     try:

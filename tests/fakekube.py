@@ -28,7 +28,13 @@ from typing import Any
 from aiohttp import web
 
 Obj = dict[str, Any]
-LIST_KINDS = {"nodes": "NodeList", "pods": "PodList", "triggers": "TriggerList"}
+LIST_KINDS = {
+    "nodes": "NodeList",
+    "pods": "PodList",
+    "triggers": "TriggerList",
+    "services": "ServiceList",
+    "revisions": "RevisionList",
+}
 
 
 @dataclass
@@ -51,6 +57,8 @@ class FakeKube:
     hold: bool = False  # open watches deliver nothing until released (to provoke a stale resume)
     requests: list[str] = field(default_factory=list)  # "GET /api/v1/nodes?watch=1", ...
     bindings: list[Obj] = field(default_factory=list)
+    patches: list[tuple[str, Obj]] = field(default_factory=list)  # (namespace/name, merge patch)
+    interfere: dict[str, Obj] = field(default_factory=dict)  # namespace/name -> written just before its patch
     _changed: asyncio.Event = field(default_factory=asyncio.Event)  # replaced on every change
 
     # -- state changes, as a controller or kubelet would make them ---------------------------
@@ -88,7 +96,47 @@ class FakeKube:
         app.router.add_get("/api/v1/pods", self._collection("pods"))
         app.router.add_get("/apis/eventing.knative.dev/v1/triggers", self._collection("triggers"))
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind)
+        serving = "/apis/serving.knative.dev/v1/namespaces/{namespace}"
+        app.router.add_get(serving + "/services/{name}", self._get("services"))
+        app.router.add_get(serving + "/revisions/{name}", self._get("revisions"))
+        app.router.add_patch(serving + "/revisions/{name}", self._merge_patch("revisions"))
         return app
+
+    def _get(self, kind: str) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            key = f"{request.match_info['namespace']}/{request.match_info['name']}"
+            obj = self.objects[kind].get(key)
+            if obj is None:
+                return _status(
+                    404, "NotFound", f'{kind}.serving.knative.dev "{request.match_info["name"]}" not found'
+                )
+            return web.json_response(obj)
+
+        return handle
+
+    def _merge_patch(self, kind: str) -> Any:
+        """RFC 7386 merge patch; a `metadata.resourceVersion` in the patch is a precondition."""
+
+        async def handle(request: web.Request) -> web.Response:
+            if request.content_type != "application/merge-patch+json":
+                return _status(415, "UnsupportedMediaType", f"unsupported patch type {request.content_type}")
+            key = f"{request.match_info['namespace']}/{request.match_info['name']}"
+            obj = self.objects[kind].get(key)
+            if obj is None:
+                return _status(
+                    404, "NotFound", f'{kind}.serving.knative.dev "{request.match_info["name"]}" not found'
+                )
+            if key in self.interfere:  # another writer wins the race to this object
+                obj = await self.modify(kind, self.interfere.pop(key))
+            patch = await request.json()
+            wanted = patch.get("metadata", {}).pop("resourceVersion", None)
+            if wanted is not None and wanted != obj["metadata"].get("resourceVersion"):
+                message = "the object has been modified; please apply your changes to the latest version"
+                return _status(409, "Conflict", message)
+            self.patches.append((key, copy.deepcopy(patch)))
+            return web.json_response(await self.modify(kind, _merged(copy.deepcopy(obj), patch)))
+
+        return handle
 
     @web.middleware
     async def _record_and_fail(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -178,6 +226,19 @@ class FakeKube:
         bound["spec"]["nodeName"] = body["target"]["name"]
         await self.modify("pods", bound)
         return _status(201, "", "", success=True)
+
+
+def _merged(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = target if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merged(result.get(key), value)
+    return result
 
 
 def _key(obj: Obj) -> str:

@@ -1,0 +1,107 @@
+"""Warm replicas on a cluster: the planner's entries applied to routed Revisions (thin adapter).
+
+What to change comes from `prewarm.actuation` (pure); this module finds the routed revisions
+of a Knative Service, reads each one, and sends the merge patch guarded by its
+`resourceVersion` (a conflict re-reads once). In shadow mode it computes and records the same
+changes and sends nothing. Every change is a span with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from kubernetes.aio.client import ApiClient
+from opentelemetry import trace
+
+from plugin import kube
+from plugin.errors import KubeApiError
+from prewarm import actuation
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+Decide = Callable[[Mapping[str, str]], actuation.Change]
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """One revision's outcome, for the caller's records and the shadow mode's report."""
+
+    revision: str  # namespace/name
+    reason: str
+    patched: bool  # sent to the API server (False in shadow mode or when nothing changes)
+
+
+def routed_revisions(service: kube.Obj) -> list[str]:
+    """Revisions that take traffic: `status.traffic` entries with a share above 0."""
+    traffic = (service.get("status") or {}).get("traffic") or []
+    names = [t.get("revisionName") for t in traffic if (t.get("percent") or 0) > 0 and t.get("revisionName")]
+    return list(dict.fromkeys(str(n) for n in names))
+
+
+class RevisionActuator:
+    def __init__(self, api: ApiClient, *, timeout_s: float, shadow: bool) -> None:
+        self.api, self.timeout_s, self.shadow = api, timeout_s, shadow
+
+    async def warm(self, function: str, replicas: int, until: datetime) -> list[Applied]:
+        """Hold `replicas` warm on each routed revision of `function` ("namespace/service")."""
+        return await self._each_routed(function, lambda a: actuation.warm(a, replicas, until), "warm")
+
+    async def restore(self, function: str) -> list[Applied]:
+        return await self._each_routed(function, actuation.restore, "restore")
+
+    async def restore_revision(self, namespace: str, name: str) -> Applied:
+        """Restore one revision (cleanup works from the revisions themselves)."""
+        return await self._change(namespace, name, actuation.restore, "restore")
+
+    async def _each_routed(self, function: str, decide: Decide, action: str) -> list[Applied]:
+        namespace, _, service_name = function.partition("/")
+        try:
+            service = await kube.get_service(
+                self.api, namespace=namespace, name=service_name, timeout_s=self.timeout_s
+            )
+        except KubeApiError as error:
+            if error.status == 404:
+                return []  # the service is gone: nothing to hold warm
+            raise
+        return [await self._change(namespace, name, decide, action) for name in routed_revisions(service)]
+
+    async def _change(self, namespace: str, name: str, decide: Decide, action: str) -> Applied:
+        key = f"{namespace}/{name}"
+        with tracer.start_as_current_span(f"kdrl.prewarm.{action}") as span:
+            span.set_attributes(
+                {"k8s.namespace.name": namespace, "kdrl.revision": key, "kdrl.shadow": self.shadow}
+            )
+            for attempt in range(2):  # a conflict means someone wrote in between: decide again
+                try:
+                    revision = await kube.get_revision(
+                        self.api, namespace=namespace, name=name, timeout_s=self.timeout_s
+                    )
+                except KubeApiError as error:
+                    if error.status == 404:  # deleted mid-window: nothing left to change
+                        span.set_attribute("kdrl.reason", "revision not found")
+                        return Applied(key, "revision not found", patched=False)
+                    raise
+                annotations = (revision.get("metadata") or {}).get("annotations") or {}
+                change = decide(annotations)
+                span.set_attribute("kdrl.reason", change.reason)
+                if change.patch is None or self.shadow:
+                    return Applied(key, change.reason, patched=False)
+                try:
+                    await kube.patch_revision(
+                        self.api,
+                        namespace=namespace,
+                        name=name,
+                        patch=change.patch,
+                        resource_version=str(revision["metadata"].get("resourceVersion", "")),
+                        timeout_s=self.timeout_s,
+                    )
+                except KubeApiError as error:
+                    if error.status == 409 and attempt == 0:
+                        continue
+                    raise
+                logger.info("%s %s: %s", action, key, change.reason)
+                return Applied(key, change.reason, patched=True)
+        raise AssertionError("unreachable")  # the loop returns or raises

@@ -1,0 +1,123 @@
+"""Warm replicas through the real client against the fake API server (Knative Serving paths)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from plugin.errors import KubeApiError
+from plugin.prewarming import RevisionActuator, routed_revisions
+from prewarm import actuation as act
+from tests.conftest import api_client
+from tests.fakekube import FakeKube
+
+UNTIL = datetime(2026, 12, 2, 18, 10, tzinfo=UTC)
+
+
+def service(name: str, traffic: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.knative.dev/v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "shop"},
+        "status": {"traffic": [{"revisionName": r, "percent": p} for r, p in traffic]},
+    }
+
+
+def revision(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.knative.dev/v1",
+        "kind": "Revision",
+        "metadata": {"name": name, "namespace": "shop", "annotations": annotations or {}},
+    }
+
+
+@pytest.fixture
+async def cluster(fake_kube: tuple[FakeKube, str]) -> AsyncIterator[tuple[FakeKube, RevisionActuator]]:
+    fake, url = fake_kube
+    await fake.add(
+        "services", service("hello", [("hello-00002", 90), ("hello-00003", 10), ("hello-00001", 0)])
+    )
+    for name in ("hello-00001", "hello-00002", "hello-00003"):
+        await fake.add("revisions", revision(name, {act.MIN_SCALE: "1"} if name == "hello-00002" else {}))
+    api = api_client(url)
+    yield fake, RevisionActuator(api, timeout_s=2.0, shadow=False)
+    await api.close()
+
+
+def annotations(fake: FakeKube, name: str) -> dict[str, str]:
+    return dict(fake.objects["revisions"][f"shop/{name}"]["metadata"].get("annotations") or {})
+
+
+def test_routed_revisions_are_those_with_traffic() -> None:
+    assert routed_revisions(service("s", [("a", 50), ("b", 50), ("c", 0)])) == ["a", "b"]
+    assert routed_revisions({"status": {}}) == []
+
+
+async def test_warm_patches_only_routed_revisions_and_restore_undoes_it(
+    cluster: tuple[FakeKube, RevisionActuator],
+) -> None:
+    fake, actuator = cluster
+    before = {name: annotations(fake, name) for name in ("hello-00001", "hello-00002", "hello-00003")}
+    applied = await actuator.warm("shop/hello", 2, UNTIL)
+    assert [a.revision for a in applied] == ["shop/hello-00002", "shop/hello-00003"]
+    assert all(a.patched for a in applied)
+    assert annotations(fake, "hello-00002")[act.MIN_SCALE] == "2"
+    assert annotations(fake, "hello-00002")[act.ORIGINAL] == "1"
+    assert annotations(fake, "hello-00001") == before["hello-00001"]  # no traffic: untouched
+    assert all(request.startswith(("GET", "PATCH")) for request in fake.requests)
+
+    await actuator.restore("shop/hello")
+    assert {name: annotations(fake, name) for name in before} == before
+
+
+async def test_shadow_mode_changes_nothing(cluster: tuple[FakeKube, RevisionActuator]) -> None:
+    fake, actuator = cluster
+    actuator.shadow = True
+    applied = await actuator.warm("shop/hello", 3, UNTIL)
+    assert [a.patched for a in applied] == [False, False]
+    assert "min-scale 3" in applied[0].reason
+    assert fake.patches == []
+
+
+async def test_a_human_edit_between_read_and_write_is_respected(
+    cluster: tuple[FakeKube, RevisionActuator],
+) -> None:
+    fake, actuator = cluster
+    await actuator.warm("shop/hello", 2, UNTIL)
+    edited = revision("hello-00003", {**annotations(fake, "hello-00003"), act.MIN_SCALE: "7"})
+    await fake.modify("revisions", edited)
+    applied = await actuator.warm("shop/hello", 4, UNTIL + timedelta(minutes=5))
+    assert applied[1].patched is False and "edited by someone else" in applied[1].reason
+    assert annotations(fake, "hello-00003")[act.MIN_SCALE] == "7"
+
+
+async def test_a_conflicting_write_is_decided_again(cluster: tuple[FakeKube, RevisionActuator]) -> None:
+    fake, actuator = cluster
+    fake.interfere["shop/hello-00003"] = revision("hello-00003", {"team": "a"})  # lands first
+    applied = await actuator.warm("shop/hello", 2, UNTIL)
+    assert applied[1].patched
+    assert sum(key == "shop/hello-00003" for key, _ in fake.patches) == 1  # the 409, then one patch
+    assert [r for r in fake.requests if "hello-00003" in r].count(
+        "PATCH /apis/serving.knative.dev/v1/namespaces/shop/revisions/hello-00003"
+    ) == 2
+    kept = annotations(fake, "hello-00003")
+    assert kept["team"] == "a" and kept[act.MIN_SCALE] == "2"  # the other write survives
+
+
+async def test_deleted_revision_and_missing_service(cluster: tuple[FakeKube, RevisionActuator]) -> None:
+    fake, actuator = cluster
+    await fake.delete("revisions", "shop/hello-00003")
+    applied = await actuator.warm("shop/hello", 2, UNTIL)
+    assert applied[1].reason == "revision not found" and not applied[1].patched
+    assert await actuator.warm("shop/absent", 2, UNTIL) == []
+
+
+async def test_an_outage_is_a_clear_error(cluster: tuple[FakeKube, RevisionActuator]) -> None:
+    fake, actuator = cluster
+    fake.outage = True
+    with pytest.raises(KubeApiError) as caught:
+        await actuator.warm("shop/hello", 2, UNTIL)
+    assert caught.value.status == 503
