@@ -211,14 +211,52 @@ async def patch_revision(
     return await _read(call, f"patch revision {namespace}/{name}")
 
 
-async def _read(call: Awaitable[Any], what: str) -> Obj:
+@api_call("coordination.k8s.io", "leases", "get")
+async def get_lease(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
+    coordination = client.CoordinationV1Api(api)
+    return await _read(
+        coordination.read_namespaced_lease_without_preload_content(
+            name, namespace, _request_timeout=timeout_s
+        ),
+        f"get lease {namespace}/{name}",
+    )
+
+
+@api_call("coordination.k8s.io", "leases", "create", "update")
+async def write_lease(
+    api: client.ApiClient,
+    *,
+    namespace: str,
+    name: str,
+    spec: Obj,
+    resource_version: str | None,
+    timeout_s: float,
+) -> Obj:
+    """Create the lease (no `resource_version`) or replace it guarded by its version (409: lost)."""
+    metadata: Obj = {"name": name, "namespace": namespace}
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec}
+    coordination = client.CoordinationV1Api(api)
+    if resource_version:
+        call = coordination.replace_namespaced_lease_without_preload_content(
+            name, namespace, body, _request_timeout=timeout_s
+        )
+    else:
+        call = coordination.create_namespaced_lease_without_preload_content(
+            namespace, body, _request_timeout=timeout_s
+        )
+    return await _read(call, f"write lease {namespace}/{name}", ok=(200, 201))
+
+
+async def _read(call: Awaitable[Any], what: str, ok: tuple[int, ...] = (200,)) -> Obj:
     try:
         response = await call
         async with response:
             status, body = response.status, await response.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as error:
         raise KubeApiError(f"{what} failed: {error or type(error).__name__}") from error
-    if status != 200:
+    if status not in ok:
         raise KubeApiError(f"{what} failed: {_status_message(body)}", status=status)
     result: Obj = json.loads(body)
     return result

@@ -34,6 +34,7 @@ LIST_KINDS = {
     "triggers": "TriggerList",
     "services": "ServiceList",
     "revisions": "RevisionList",
+    "leases": "LeaseList",
 }
 
 
@@ -100,7 +101,38 @@ class FakeKube:
         app.router.add_get(serving + "/services/{name}", self._get("services"))
         app.router.add_get(serving + "/revisions/{name}", self._get("revisions"))
         app.router.add_patch(serving + "/revisions/{name}", self._merge_patch("revisions"))
+        leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        app.router.add_get(leases + "/{name}", self._get("leases"))
+        app.router.add_post(leases, self._create("leases"))
+        app.router.add_put(leases + "/{name}", self._replace("leases"))
         return app
+
+    def _create(self, kind: str) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            obj = await request.json()
+            obj["metadata"]["namespace"] = request.match_info["namespace"]
+            if _key(obj) in self.objects[kind]:
+                return _status(409, "AlreadyExists", f'{kind} "{obj["metadata"]["name"]}" already exists')
+            return web.json_response(await self.add(kind, obj), status=201)
+
+        return handle
+
+    def _replace(self, kind: str) -> Any:
+        """PUT: the body's `metadata.resourceVersion` must be the stored one (else 409)."""
+
+        async def handle(request: web.Request) -> web.Response:
+            key = f"{request.match_info['namespace']}/{request.match_info['name']}"
+            stored = self.objects[kind].get(key)
+            if stored is None:
+                return _status(404, "NotFound", f'{kind} "{request.match_info["name"]}" not found')
+            obj = await request.json()
+            if obj.get("metadata", {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+                message = "the object has been modified; please apply your changes to the latest version"
+                return _status(409, "Conflict", message)
+            obj["metadata"]["namespace"] = request.match_info["namespace"]
+            return web.json_response(await self.modify(kind, obj))
+
+        return handle
 
     def _get(self, kind: str) -> Any:
         async def handle(request: web.Request) -> web.Response:
