@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from plugin import app, convert, learning_cli, logs, objectfiles, settings, telemetry
+from plugin import app, cleanup, convert, kube, learning_cli, logs, objectfiles, settings, telemetry
 from plugin.cluster import ClusterCache
 from plugin.errors import KdrlError, SettingsError
 from policies import ranking, registry
@@ -92,7 +92,31 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--json", action="store_true", help="print the report as one JSON object")
     simulate.set_defaults(run=_simulate)
     learning_cli.add_commands(commands)
+
+    undo = commands.add_parser(
+        "cleanup", help="restore every revision the plugin changed", description=_cleanup.__doc__
+    )
+    undo.add_argument("--kube-api-url", help="API server URL (default: in-cluster, else kubeconfig)")
+    undo.add_argument("--kubeconfig", type=Path, help="kubeconfig file")
+    undo.add_argument("--timeout-s", type=float, default=10.0, help="per request")
+    undo.set_defaults(run=_cleanup)
     return parser
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    """Restore every Revision's own min-scale from the records the plugin left on it (works
+    after the plugin is gone); revisions a human has edited since are listed and left alone."""
+
+    async def run() -> cleanup.CleanupReport:
+        api = await kube.connect(api_url=args.kube_api_url, kubeconfig=args.kubeconfig)
+        try:
+            return await cleanup.cleanup(api, timeout_s=args.timeout_s)
+        finally:
+            await api.close()
+
+    report = asyncio.run(run())
+    print(json.dumps({"restored": report.restored, "left": report.left}, indent=2))
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

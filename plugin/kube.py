@@ -169,6 +169,26 @@ async def bind_pod(
 SERVING = ("serving.knative.dev", "v1")
 
 
+@api_call("serving.knative.dev", "revisions", "list")
+def revisions(api: client.ApiClient) -> Collection:
+    lister = client.CustomObjectsApi(api).list_cluster_custom_object
+    return Collection("revisions", lister, ("serving.knative.dev", "v1", "revisions"))
+
+
+@api_call("apps", "deployments", "get")
+async def serving_version(api: client.ApiClient, *, timeout_s: float) -> str:
+    """Knative Serving's release, from its controller Deployment's version label ("" if unknown)."""
+    apps = client.AppsV1Api(api)
+    deployment = await _read(
+        apps.read_namespaced_deployment_without_preload_content(
+            "controller", "knative-serving", _request_timeout=timeout_s
+        ),
+        "get deployment knative-serving/controller",
+    )
+    labels = (deployment.get("metadata") or {}).get("labels") or {}
+    return str(labels.get("app.kubernetes.io/version") or labels.get("serving.knative.dev/release") or "")
+
+
 @api_call("serving.knative.dev", "services", "get")
 async def get_service(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
     """A Knative Service (its `status.traffic` names the routed revisions)."""

@@ -35,6 +35,7 @@ LIST_KINDS = {
     "services": "ServiceList",
     "revisions": "RevisionList",
     "leases": "LeaseList",
+    "deployments": "DeploymentList",
 }
 
 
@@ -101,6 +102,10 @@ class FakeKube:
         app.router.add_get(serving + "/services/{name}", self._get("services"))
         app.router.add_get(serving + "/revisions/{name}", self._get("revisions"))
         app.router.add_patch(serving + "/revisions/{name}", self._merge_patch("revisions"))
+        app.router.add_get("/apis/serving.knative.dev/v1/revisions", self._collection("revisions"))
+        app.router.add_get(
+            "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", self._get("deployments")
+        )
         leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         app.router.add_get(leases + "/{name}", self._get("leases"))
         app.router.add_post(leases, self._create("leases"))

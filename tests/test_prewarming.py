@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from plugin import cleanup, cli
 from plugin.errors import KubeApiError
 from plugin.prewarming import RevisionActuator, routed_revisions
 from prewarm import actuation as act
@@ -121,3 +124,69 @@ async def test_an_outage_is_a_clear_error(cluster: tuple[FakeKube, RevisionActua
     with pytest.raises(KubeApiError) as caught:
         await actuator.warm("shop/hello", 2, UNTIL)
     assert caught.value.status == 503
+
+
+async def test_cleanup_restores_from_the_revisions_alone(
+    cluster: tuple[FakeKube, RevisionActuator], fake_kube: tuple[FakeKube, str]
+) -> None:
+    fake, actuator = cluster
+    before = {name: annotations(fake, name) for name in ("hello-00001", "hello-00002", "hello-00003")}
+    await actuator.warm("shop/hello", 3, UNTIL)
+    held = revision("hello-00003", {**annotations(fake, "hello-00003"), act.MIN_SCALE: "9"})
+    await fake.modify("revisions", held)  # a human took this one over
+    api = api_client(fake_kube[1])  # a fresh client: nothing of the plugin's state
+    try:
+        report = await cleanup.cleanup(api, timeout_s=2.0)
+    finally:
+        await api.close()
+    assert report.restored == ["shop/hello-00002"]
+    assert report.left == [
+        "shop/hello-00003: min-scale edited by someone else since the plugin set it: leaving it"
+    ]
+    assert annotations(fake, "hello-00002") == before["hello-00002"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "allowed"),
+    [
+        ({"app.kubernetes.io/version": "1.21.0"}, True),
+        ({"app.kubernetes.io/version": "v1.22.1"}, True),
+        ({"app.kubernetes.io/version": "1.20.3"}, False),
+        ({"serving.knative.dev/release": "v1.9.0"}, False),
+        ({}, False),
+    ],
+)
+async def test_serving_version_gate(
+    fake_kube: tuple[FakeKube, str], labels: dict[str, str], allowed: bool
+) -> None:
+    fake, url = fake_kube
+    controller = {"metadata": {"name": "controller", "namespace": "knative-serving", "labels": labels}}
+    await fake.add("deployments", controller)
+    api = api_client(url)
+    try:
+        ok, why = await cleanup.serving_supports_revision_min_scale(api, timeout_s=2.0)
+    finally:
+        await api.close()
+    assert ok is allowed and ("shadow mode" in why) is not allowed
+
+
+async def test_serving_version_unknown_when_not_installed(fake_kube: tuple[FakeKube, str]) -> None:
+    api = api_client(fake_kube[1])
+    try:
+        ok, why = await cleanup.serving_supports_revision_min_scale(api, timeout_s=2.0)
+    finally:
+        await api.close()
+    assert not ok and "unknown" in why
+
+
+async def test_cleanup_command(
+    cluster: tuple[FakeKube, RevisionActuator],
+    fake_kube: tuple[FakeKube, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake, actuator = cluster
+    await actuator.warm("shop/hello", 2, UNTIL)
+    code = await asyncio.to_thread(cli.main, ["cleanup", "--kube-api-url", fake_kube[1]])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["restored"] == ["shop/hello-00002", "shop/hello-00003"]
+    assert act.APPLIED not in annotations(fake, "hello-00002")
