@@ -269,6 +269,39 @@ async def write_lease(
     return await _read(call, f"write lease {namespace}/{name}", ok=(200, 201))
 
 
+@api_call("", "pods", "create")
+async def create_pod(api: client.ApiClient, *, namespace: str, body: Obj, timeout_s: float) -> Obj:
+    """Create a pod (the plugin's pre-pull pods, in its own namespace); 409 when it exists."""
+    core = client.CoreV1Api(api)
+    payload: Any = body
+    return await _read(
+        core.create_namespaced_pod_without_preload_content(namespace, payload, _request_timeout=timeout_s),
+        f"create pod {namespace}/{body['metadata']['name']}",
+        ok=(200, 201),
+    )
+
+
+@api_call("", "pods", "delete")
+async def delete_pod(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> None:
+    """Delete a pod; one already gone is fine (its work is done either way)."""
+    core = client.CoreV1Api(api)
+    try:
+        await _read(
+            core.delete_namespaced_pod_without_preload_content(name, namespace, _request_timeout=timeout_s),
+            f"delete pod {namespace}/{name}",
+            ok=(200, 202),
+        )
+    except KubeApiError as error:
+        if error.status != 404:
+            raise
+
+
+def labelled_pods(api: client.ApiClient, namespace: str, selector: str) -> Collection:
+    """Pods of one namespace with a label selector (the plugin's own pre-pull pods)."""
+    lister = client.CoreV1Api(api).list_namespaced_pod
+    return Collection("pods", lister, (namespace,), query=(("label_selector", selector),))
+
+
 async def _read(call: Awaitable[Any], what: str, ok: tuple[int, ...] = (200,)) -> Obj:
     try:
         response = await call

@@ -9,7 +9,7 @@ changes and sends nothing. Every change is a span with the reason.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from plugin import kube
 from plugin.errors import KubeApiError
-from prewarm import actuation
+from prewarm import actuation, prepull
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -105,3 +105,58 @@ class RevisionActuator:
                 logger.info("%s %s: %s", action, key, change.reason)
                 return Applied(key, change.reason, patched=True)
         raise AssertionError("unreachable")  # the loop returns or raises
+
+
+class Prepuller:
+    """Runs pre-pull pods in the plugin's namespace and sweeps up the finished ones."""
+
+    def __init__(self, api: ApiClient, *, namespace: str, timeout_s: float, shadow: bool) -> None:
+        self.api, self.namespace, self.timeout_s, self.shadow = api, namespace, timeout_s, shadow
+        self.stuck = 0  # pulls given up (ImagePullBackOff, deadline): a counter for metrics
+
+    async def ensure(self, targets: Sequence[prepull.Target]) -> list[Applied]:
+        results = []
+        for target in targets:
+            key = f"{self.namespace}/{prepull.pod_name(target)}"
+            with tracer.start_as_current_span("kdrl.prewarm.prepull") as span:
+                span.set_attributes(
+                    {
+                        "k8s.node.name": target.node,
+                        "container.image.name": target.image,
+                        "kdrl.shadow": self.shadow,
+                    }
+                )
+                if self.shadow:
+                    results.append(Applied(key, f"would pull {target.image} on {target.node}", patched=False))
+                    continue
+                try:
+                    await kube.create_pod(
+                        self.api,
+                        namespace=self.namespace,
+                        body=prepull.pod(target, namespace=self.namespace),
+                        timeout_s=self.timeout_s,
+                    )
+                except KubeApiError as error:
+                    if error.status != 409:
+                        raise
+                    results.append(Applied(key, "already pulling", patched=False))
+                    continue
+                results.append(Applied(key, f"pulling {target.image} on {target.node}", patched=True))
+        return results
+
+    async def sweep(self) -> list[str]:
+        """Delete pre-pull pods that are done (or stuck); returns their names."""
+        pods, _ = await kube.list_objects(
+            kube.labelled_pods(self.api, self.namespace, f"{prepull.PREPULL_LABEL}=true"),
+            timeout_s=self.timeout_s,
+        )
+        removed = []
+        for obj in pods:
+            if not prepull.finished(obj):
+                continue
+            if (obj.get("status") or {}).get("phase") != "Succeeded":
+                self.stuck += 1
+            name = obj["metadata"]["name"]
+            await kube.delete_pod(self.api, namespace=self.namespace, name=name, timeout_s=self.timeout_s)
+            removed.append(name)
+        return removed

@@ -98,6 +98,9 @@ class FakeKube:
         app.router.add_get("/api/v1/pods", self._collection("pods"))
         app.router.add_get("/apis/eventing.knative.dev/v1/triggers", self._collection("triggers"))
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind)
+        app.router.add_get("/api/v1/namespaces/{namespace}/pods", self._collection("pods"))
+        app.router.add_post("/api/v1/namespaces/{namespace}/pods", self._create("pods"))
+        app.router.add_delete("/api/v1/namespaces/{namespace}/pods/{name}", self._delete("pods"))
         serving = "/apis/serving.knative.dev/v1/namespaces/{namespace}"
         app.router.add_get(serving + "/services/{name}", self._get("services"))
         app.router.add_get(serving + "/revisions/{name}", self._get("revisions"))
@@ -111,6 +114,17 @@ class FakeKube:
         app.router.add_post(leases, self._create("leases"))
         app.router.add_put(leases + "/{name}", self._replace("leases"))
         return app
+
+    def _delete(self, kind: str) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            key = f"{request.match_info['namespace']}/{request.match_info['name']}"
+            obj = self.objects[kind].get(key)
+            if obj is None:
+                return _status(404, "NotFound", f'{kind} "{request.match_info["name"]}" not found')
+            await self.delete(kind, key)
+            return web.json_response(obj)
+
+        return handle
 
     def _create(self, kind: str) -> Any:
         async def handle(request: web.Request) -> web.Response:
@@ -285,7 +299,16 @@ def _key(obj: Obj) -> str:
 
 
 def _selected(obj: Obj, request: web.Request) -> bool:
-    """The field selectors the plugin uses: `spec.nodeName!=` and `spec.nodeName=`."""
+    """The selectors the plugin uses: namespace (from the path), `key=value` labels, and the
+    field selectors `spec.nodeName!=` and `spec.nodeName=`."""
+    namespace = request.match_info.get("namespace")
+    if namespace and obj.get("metadata", {}).get("namespace") != namespace:
+        return False
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, request.query.get("labelSelector", "").split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
     selector = request.query.get("fieldSelector", "")
     node = obj.get("spec", {}).get("nodeName") or ""
     for term in filter(None, selector.split(",")):
