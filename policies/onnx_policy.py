@@ -55,10 +55,13 @@ class OnnxPolicy:
         wanted = (
             [CUDA, CPU] if device in ("auto", "cuda") and CUDA in ort.get_available_providers() else [CPU]
         )
+        ort.set_default_logger_severity(4)  # a CUDA probe that fails is reported below, once
         try:
             session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
         except Exception as error:  # onnxruntime raises its own exception types for bad files
             raise ModelError(f"{path}: not a loadable ONNX model ({error})") from error
+        finally:
+            ort.set_default_logger_severity(2)
         metadata = dict(session.get_modelmeta().custom_metadata_map)
         if metadata.get(META_VERSION) != str(FORMAT_VERSION):
             raise ModelError(
@@ -73,8 +76,12 @@ class OnnxPolicy:
         if names != INPUTS:
             raise ModelError(f"{path}: inputs {names}, expected {INPUTS}")
         policy = cls(session, metadata)
-        if device == "cuda" and policy.provider != CUDA:
-            log.warning("CUDA requested but ONNX Runtime runs the model on %s", policy.provider)
+        if CUDA in wanted and policy.provider != CUDA:
+            log.log(
+                logging.WARNING if device == "cuda" else logging.INFO,
+                "the CUDA execution provider did not start (no GPU or CUDA libraries); running on %s",
+                policy.provider,
+            )
         return policy
 
     def score(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:

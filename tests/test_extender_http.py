@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,10 @@ from aiohttp.test_utils import TestClient
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bench import synthetic
+from plugin import app as service
 from plugin import keys
+from plugin.settings import HistorySettings, KubeSettings, PolicySettings, Settings
+from tests.conftest import write_objects
 
 Client = TestClient[web.Request, web.Application]
 
@@ -157,4 +161,51 @@ async def test_health(offline_client: Client) -> None:
         "nodes": 3,
         "snapshot_age_s": 0.0,
         "policy": "kube-default",
+        "provider": "numpy",
+        "degraded": "",
     }
+
+
+async def test_a_missing_model_serves_kube_default_degraded(
+    aiohttp_client: Any,
+    tmp_path: Path,
+    small_cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+    spans: InMemorySpanExporter,
+) -> None:
+    nodes, _ = small_cluster
+    settings = Settings(
+        kube=KubeSettings(nodes_file=write_objects(tmp_path, "nodes.json", nodes)),
+        history=HistorySettings(path=tmp_path / "history.db"),
+        policy=PolicySettings(name="onnx", model=tmp_path / "absent.onnx"),
+    )
+    client = await aiohttp_client(await service.create_app(settings))
+    response = await client.get("/readyz")
+    detail = await response.json()
+    assert response.status == 200  # still serving: the fallback places pods
+    assert detail["status"] == "degraded" and detail["policy"] == "kube-default"
+    assert "absent.onnx" in detail["degraded"]
+    body = {"Pod": pending(image=synthetic.image_ref(1)), "NodeNames": ["roomy", "full", "gpu"]}
+    status, result = await post(client, "prioritize", body)
+    assert status == 200 and result
+    (span,) = [s for s in spans.get_finished_spans() if s.name == "kdrl.extender.prioritize"]
+    attributes = dict(span.attributes or {})
+    assert attributes["kdrl.policy.fallback"] is True
+    assert "absent.onnx" in str(attributes["kdrl.policy.degraded"])
+
+
+async def test_the_shipped_model_serves(
+    aiohttp_client: Any, tmp_path: Path, small_cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+) -> None:
+    nodes, _ = small_cluster
+    settings = Settings(
+        kube=KubeSettings(nodes_file=write_objects(tmp_path, "nodes.json", nodes)),
+        history=HistorySettings(path=tmp_path / "history.db"),
+        policy=PolicySettings(name="onnx", device="cpu"),
+    )
+    client = await aiohttp_client(await service.create_app(settings))
+    detail = await (await client.get("/readyz")).json()
+    assert detail["policy"] == "onnx" and detail["provider"] == "CPUExecutionProvider"
+    assert detail["degraded"] == "" and "status" not in detail
+    body = {"Pod": pending(image=synthetic.image_ref(1)), "NodeNames": ["roomy", "full", "gpu"]}
+    status, result = await post(client, "prioritize", body)
+    assert status == 200 and [entry["Host"] for entry in result] == ["roomy", "full", "gpu"]
