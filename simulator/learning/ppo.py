@@ -273,6 +273,8 @@ class _CsvLog:
 
 
 def learning_curve(csv_path: Path, png: Path) -> None:
+    """Episodic return over training, one colour per curriculum stage (returns grow with the
+    cluster, so they compare within a stage, not across)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -280,13 +282,18 @@ def learning_curve(csv_path: Path, png: Path) -> None:
 
     with csv_path.open() as handle:
         rows = list(csv.DictReader(handle))
-    steps = [float(r["global_step"]) for r in rows]
-    returns = [float(r["episodic_return"]) for r in rows]
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot(steps, returns)
+    figure, axis = plt.subplots(figsize=(6.5, 3.5))
+    for stage in dict.fromkeys(r["curriculum_stage"] for r in rows):
+        mine = [r for r in rows if r["curriculum_stage"] == stage]
+        axis.plot(
+            [float(r["global_step"]) for r in mine],
+            [float(r["episodic_return"]) for r in mine],
+            label=f"clusters of up to {float(stage):.0f} nodes",
+        )
     axis.set_xlabel("placements (environment steps)")
     axis.set_ylabel("episodic return (mean of last 20)")
-    axis.set_title("PPO on the training split")
+    axis.set_title("PPO on the training split, by curriculum stage")
+    axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(png, dpi=120)
     plt.close(figure)
