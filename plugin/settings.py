@@ -128,9 +128,9 @@ class HistorySettings:
 @dataclass(frozen=True)
 class PolicySettings:
     name: str = _setting(
-        "kube-default",
+        "onnx",
         "KDRL_POLICY",
-        "Placement policy that scores nodes.",
+        "Placement policy (onnx: the shipped learned model; kube-default if it cannot load).",
         choices=registry.PLACEMENT_NAMES,
     )
     seed: int = _setting(0, "KDRL_POLICY_SEED", "Seed of the random policy (for reproducible runs).")

@@ -142,8 +142,7 @@ def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = Non
 def _function_pods(pod: PodRequest, nodes: NodeTable) -> npt.NDArray[np.float64]:
     if not pod.function:
         return np.zeros(len(nodes))
-    function = pod.function
-    return np.fromiter((pods.get(function, 0) for pods in nodes.function_pods), np.float64, len(nodes))
+    return nodes.function_pod_counts(pod.function).astype(np.float64)
 
 
 def _relative(values: npt.NDArray[np.float64], pick: BoolArray) -> npt.NDArray[np.float64]:

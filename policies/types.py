@@ -195,6 +195,17 @@ class ClusterObjects:
         return len(self.names)
 
     @functools.cached_property
+    def function_index(self) -> dict[str, tuple[IntArray, IntArray]]:
+        """function -> (node rows, its pods on each): built once per cluster, read per request."""
+        rows: dict[str, tuple[list[int], list[int]]] = {}
+        for row, pods in enumerate(self.function_pods):
+            for function, count in pods.items():
+                found = rows.setdefault(function, ([], []))
+                found[0].append(row)
+                found[1].append(count)
+        return {f: (np.asarray(r, np.int64), np.asarray(c, np.int64)) for f, (r, c) in rows.items()}
+
+    @functools.cached_property
     def economics(self) -> NodeEconomics:
         """Price, power, spot and zone of every node (read from the labels once)."""
         if self.known_economics is not None:
@@ -335,6 +346,15 @@ class NodeTable:
         rows, sizes = holders
         cluster = np.zeros(self.cluster.size, dtype=np.int64)
         cluster[rows] = sizes
+        return cluster[self.origin]
+
+    def function_pod_counts(self, function: str) -> IntArray:
+        """Per row, how many pods of `function` run on the node."""
+        found = self.cluster.function_index.get(function)
+        if found is None:
+            return np.zeros(len(self), dtype=np.int64)
+        cluster = np.zeros(self.cluster.size, dtype=np.int64)
+        cluster[found[0]] = found[1]
         return cluster[self.origin]
 
     def image_spread(self, image: str) -> float:

@@ -172,7 +172,19 @@ def _summary(
     entry["composite"] = interval(composites)
     for key, values in fields.items():
         entry[key] = interval(values)
+    # Paired with kube-default on the same seed: seeds differ far more than policies do.
+    reference = [runs[case, REFERENCE]["objectives"] for case, _ in mine]
+    entry["relative_to_reference"] = {
+        key: interval(
+            _ratio(getattr(o["objectives"], key), getattr(r, key)) for (_, o), r in zip(mine, reference)
+        )
+        for key in ("utilization", "qos_s", "cost_usd", "energy_j")
+    }
     return entry
+
+
+def _ratio(value: float, reference: float) -> float:
+    return value / reference if reference else 1.0
 
 
 def interval(values: Iterable[float]) -> dict[str, float]:

@@ -66,34 +66,35 @@ def _label(entry: dict[str, Any]) -> str:
 
 
 def evaluation(result: dict[str, Any], path: Path) -> Path:
-    """Per cluster, each policy's objectives relative to kube-default, with 95 % intervals."""
+    """Per cluster, each policy's composite and objectives relative to kube-default on the same
+    seed (paired), with 95 % intervals."""
     entries = result["results"]
     clusters = list(dict.fromkeys(e["cluster"] for e in entries))
     keys = (
-        ("composite", "composite"),
         ("utilization", "CPU allocation"),
-        ("qos_weighted_cold_s", "weighted cold s"),
+        ("qos_s", "weighted cold s"),
         ("cost_usd", "cost"),
-        ("energy_kwh", "energy"),
+        ("energy_j", "energy"),
     )
     figure, axes = plt.subplots(1, len(clusters), figsize=(5 * len(clusters), 4), squeeze=False)
     for axis, cluster in zip(axes[0], clusters):
         mine = [e for e in entries if e["cluster"] == cluster]
-        reference = next(e for e in mine if e["policy"] == result["config"]["reference"])
         width = 0.8 / len(mine)
         for i, entry in enumerate(mine):
-            ratios, errors = [], []
-            for key, _ in keys:
-                base = reference[key]["mean"] if key != "composite" else 1.0
-                ratios.append(entry[key]["mean"] / base if base else 0.0)
-                errors.append(entry[key]["ci95"] / base if base else 0.0)
-            positions = [k + i * width for k in range(len(keys))]
-            axis.bar(positions, ratios, width, yerr=errors, label=entry["policy"], capsize=2)
+            cells = [entry["composite"]] + [entry["relative_to_reference"][key] for key, _ in keys]
+            positions = [k + i * width for k in range(len(cells))]
+            axis.bar(
+                positions,
+                [c["mean"] for c in cells],
+                width,
+                yerr=[c["ci95"] for c in cells],
+                label=entry["policy"],
+                capsize=2,
+            )
         axis.axhline(1.0, color="grey", linewidth=0.8)
-        axis.set_xticks(
-            [k + 0.4 - width / 2 for k in range(len(keys))], [label for _, label in keys], fontsize=8
-        )
-        axis.set_title(f"{cluster}: relative to kube-default")
+        labels = ["composite", *(label for _, label in keys)]
+        axis.set_xticks([k + 0.4 - width / 2 for k in range(len(labels))], labels, fontsize=8)
+        axis.set_title(f"{cluster}: relative to kube-default (paired by seed)")
         axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bench import synthetic
 from plugin import app as service
-from plugin.settings import HistorySettings, KubeSettings, Settings
+from plugin.settings import HistorySettings, KubeSettings, PolicySettings, Settings
 from tests.fakekube import FakeKube
 
 _EXPORTER = InMemorySpanExporter()
@@ -73,6 +73,7 @@ async def offline_client(
             pods_file=write_objects(tmp_path, "pods.json", pods),
         ),
         history=HistorySettings(path=tmp_path / "history.db"),
+        policy=PolicySettings(name="kube-default"),  # upstream arithmetic: answers the tests can derive
     )
     result: TestClient[web.Request, web.Application] = await aiohttp_client(
         await service.create_app(settings)

@@ -185,3 +185,14 @@ def test_missing_or_corrupt_model_falls_back(tmp_path: Path, content: bytes | No
     loaded = onnx_policy.load(path, device="cpu")
     assert loaded.policy.name == "kube-default"
     assert loaded.provider == "none" and str(path) in loaded.degraded
+
+
+def test_exported_scorer_computes_what_the_actor_computes() -> None:
+    model = network.ActorCritic(hidden=16).eval()
+    nodes, pod, cluster = (torch.from_numpy(a) for a in export.parity_batch(33))
+    model.update_norms(
+        nodes.unsqueeze(0), torch.ones(1, 33, dtype=torch.bool), pod.unsqueeze(0), cluster.unsqueeze(0)
+    )
+    with torch.no_grad():
+        actor, _ = model(nodes.unsqueeze(0), None, pod.unsqueeze(0), cluster.unsqueeze(0))
+        torch.testing.assert_close(network.Scorer(model)(nodes, pod, cluster), actor[0], rtol=1e-5, atol=1e-6)

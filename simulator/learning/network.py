@@ -113,12 +113,27 @@ class ActorCritic(nn.Module):
 
 
 class Scorer(nn.Module):
-    """What is exported: one pod, its candidate nodes (all feasible) -> one logit per node."""
+    """What is exported: one pod, its candidate nodes (all feasible) -> one logit per node.
+
+    The same function as `ActorCritic.forward` with no mask, written on 2-D tensors so that
+    ONNX gets fused `Gemm`s, with everything that depends only on the pod or the pooled
+    context folded into the bias of the per-node products (computed once, not per node).
+    """
 
     def __init__(self, model: ActorCritic) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, nodes: Tensor, pod: Tensor, cluster: Tensor) -> Tensor:
-        logits: Tensor = self.model(nodes.unsqueeze(0), None, pod.unsqueeze(0), cluster.unsqueeze(0))[0]
-        return logits.squeeze(0)
+        m = self.model
+        context = torch.cat([m.pod_norm(pod), m.cluster_norm(cluster)], dim=-1)
+        second, out = m.encoder[1], m.actor_out[1]
+        assert isinstance(second, nn.Linear) and isinstance(out, nn.Linear)
+        first_bias = (m.node_in.bias + m.context_in(context)).unsqueeze(0)
+        embedded = torch.tanh(torch.addmm(first_bias, m.node_norm(nodes), m.node_in.weight.t()))
+        embedded = torch.tanh(torch.addmm(second.bias.unsqueeze(0), embedded, second.weight.t()))
+        pooled = embedded.mean(0)
+        actor_bias = (m.actor_node.bias + m.actor_pooled(pooled)).unsqueeze(0)
+        scores = torch.tanh(torch.addmm(actor_bias, embedded, m.actor_node.weight.t()))
+        logits: Tensor = torch.addmm(out.bias.unsqueeze(0), scores, out.weight.t()).squeeze(1)
+        return logits
