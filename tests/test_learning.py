@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -80,12 +81,10 @@ def two_pool_cluster() -> ClusterSpec:
     return ClusterSpec(name="two", pools=(fast, slow))
 
 
-@pytest.mark.parametrize(("pool", "pull_s"), [("fast", 4.0), ("slow", 40.0)])
-def test_reward_charges_the_measured_image_wait(pool: str, pull_s: float) -> None:
-    """A high-priority pod (weight 2) of a 400 MiB image: the placement's reward is the image
-    wait the simulator measures on the chosen node, weighted, and nothing else (QoS only)."""
-    simulation = engine.Simulation(
-        workload=one_function(initial_scale=2),
+def new_revision_on_two_nodes(pods: int) -> engine.Simulation:
+    """One high-priority function whose new revision starts `pods` pods at t = 0."""
+    return engine.Simulation(
+        workload=one_function(initial_scale=pods),
         counts=np.zeros((1, 2), dtype=np.int64),
         cluster=two_pool_cluster(),
         placement=heuristics.kube_default(),
@@ -93,6 +92,13 @@ def test_reward_charges_the_measured_image_wait(pool: str, pull_s: float) -> Non
         seed=1,
         new_revisions=True,
     )
+
+
+@pytest.mark.parametrize(("pool", "pull_s"), [("fast", 4.0), ("slow", 40.0)])
+def test_reward_charges_the_measured_image_wait(pool: str, pull_s: float) -> None:
+    """A high-priority pod (weight 2) of a 400 MiB image: the placement's reward is the image
+    wait the simulator measures on the chosen node, weighted, and nothing else (QoS only)."""
+    simulation = new_revision_on_two_nodes(pods=2)
     meter = environment.RewardMeter(simulation, ObjectiveWeights(utilization=0, qos=1, cost=0, other=0))
     steps = simulation.steps()
     first = next(steps)
@@ -104,6 +110,28 @@ def test_reward_charges_the_measured_image_wait(pool: str, pull_s: float) -> Non
     with pytest.raises(StopIteration):  # the second pod, on the same node, waits for the same pull
         steps.send(row)
     assert simulation.result.meters.weighted_pull_s == pytest.approx(2.0 * pull_s * 2)
+
+
+def test_shaping_charges_opening_a_node_and_pays_it_back() -> None:
+    """Cost only: placing the second pod on a fresh node is charged what that node commits
+    (its price over the scale-down delay), staying on the occupied one is not."""
+
+    def second_reward(same_node: bool) -> float:
+        simulation = new_revision_on_two_nodes(pods=3)  # three placements at t = 0
+        cost_only = ObjectiveWeights(utilization=0, qos=0, cost=1, other=0)
+        meter = environment.RewardMeter(simulation, cost_only, 1.0)
+        steps = simulation.steps()
+        next(steps)
+        second = steps.send(0)  # the first pod opens node 0
+        assert meter.take(now=second.now) < 0
+        third = steps.send(0 if same_node else 1)
+        return meter.take(now=third.now)
+
+    price_per_s = two_pool_cluster().pools[0].price_per_hour / 3600.0
+    cost_rate = 2 * price_per_s
+    opening = price_per_s / cost_rate * 600.0 / environment.REWARD_SCALE_S
+    assert second_reward(same_node=True) == pytest.approx(0.0)
+    assert second_reward(same_node=False) == pytest.approx(-opening)
 
 
 def test_network_is_permutation_equivariant_and_any_size() -> None:
@@ -147,7 +175,8 @@ def test_exported_model_serves_with_metadata(trained: Path) -> None:
     policy = onnx_policy.OnnxPolicy.open(trained / "placement.onnx", device="cpu")
     assert policy.provider == "CPUExecutionProvider"
     assert policy.metadata[onnx_policy.META_SCHEMA] == features.SCHEMA_HASH
-    assert '"total_timesteps": 256' in policy.metadata["kdrl.config"]
+    config = json.loads(policy.metadata["kdrl.config"])
+    assert config["total_timesteps"] == 256 and config["trace"] == "azure2019_slice"  # no machine paths
     assert policy.metadata["kdrl.commit"]
 
 

@@ -32,6 +32,7 @@ class Args:
     vf_coef: float = 0.5  # c1, weight of L^VF
     max_grad_norm: float = 0.5
     target_kl: float | None = 0.03  # stop an update's epochs early past this KL
+    shape_reward: bool = False  # potential-based shaping for node release (not in the shipped model)
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 45
     device: str = "auto"  # auto: CUDA when present

@@ -26,6 +26,7 @@ from policies.objectives import ObjectiveWeights
 from simulator import engine, keepalive, traces, workload
 from simulator.clusterspec import ClusterSpec, Pool
 from simulator.engine import Decision, RunResult, Simulation
+from simulator.nodes import SCALE_DOWN_UNNEEDED_S
 
 # The reward's four terms on one scale: cost and energy in seconds of the episode's initial
 # cluster, utilization as a share per second, and image waits so that a normal pod's typical
@@ -122,8 +123,10 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         draw: Callable[[np.random.Generator], Scenario],
         max_rows: int,
         weights: ObjectiveWeights | None = None,
+        shaping_gamma: float | None = None,
     ) -> None:
         self.draw, self.rows, self.weights = draw, max_rows, weights or ObjectiveWeights()
+        self.shaping_gamma = shaping_gamma  # the learner's discount when the reward is shaped
         box = spaces.Box(-np.inf, np.inf, dtype=np.float32, shape=(max_rows, len(features.NODE_FEATURES)))
         self.observation_space = spaces.Dict(  # type: ignore[assignment]
             {
@@ -148,7 +151,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
             scenario = self.draw(self.np_random)
             simulation = scenario.simulation()
             self._steps = simulation.steps()
-            self._reward = RewardMeter(simulation, self.weights)
+            self._reward = RewardMeter(simulation, self.weights, self.shaping_gamma)
             try:
                 self._decision = next(self._steps)
             except StopIteration:
@@ -203,15 +206,35 @@ class RewardMeter:
     simulator measures at once: the seconds the new pod waits for its image (a pull, or one
     in progress), weighted by priority; cold starts from scaling from zero happen wherever the
     pod goes and would only add noise to the signal.
+
+    Cost and energy move only when a node is released, ten idle minutes after its last pod
+    left: further than a per-decision discount sees. So the reward can add potential-based
+    shaping (Ng, Harada and Russell, 1999), which leaves the optimal policy unchanged: the
+    potential is minus what the occupied nodes commit the cluster to until they could be
+    released (their price and idle power over the scale-down delay).
     """
 
-    def __init__(self, simulation: Simulation, weights: ObjectiveWeights) -> None:
+    def __init__(self, simulation: Simulation, weights: ObjectiveWeights, gamma: float | None = None) -> None:
+        """`gamma`: the learner's discount, to add the shaping term; None: no shaping."""
         spec = simulation.nodes.spec
+        self.nodes, self.gamma = simulation.nodes, gamma
         self.result, self.weights = simulation.result, weights
         self.cost_rate = sum(p.count * p.price_per_hour for p in spec.pools) / 3600.0
         self.watts = sum(p.count * p.power.watts[0] for p in spec.pools)
+        self.idle_watts = np.array([spec.pools[p].power.watts[0] for p in simulation.nodes.pool])
         self.last = self._totals()
+        self.potential = self._potential()
         self.now = 0.0
+
+    def _potential(self) -> float:
+        if self.gamma is None:
+            return 0.0
+        occupied = self.nodes.alive & (self.nodes.pod_count > 0)
+        price_per_s = float(self.nodes.price[occupied].sum()) / 3600.0
+        watts = float(self.idle_watts[occupied].sum())
+        committed = self.weights.cost * price_per_s / max(self.cost_rate, 1e-9)
+        committed += self.weights.other * watts / max(self.watts, 1e-9)
+        return -committed * SCALE_DOWN_UNNEEDED_S / REWARD_SCALE_S
 
     def _totals(self) -> tuple[float, float, float, float]:
         meters = self.result.meters
@@ -230,4 +253,5 @@ class RewardMeter:
             + w.cost * cost / max(self.cost_rate, 1e-9)
             + w.other * energy / max(self.watts, 1e-9)
         )
-        return -loss / REWARD_SCALE_S
+        before, self.potential = self.potential, self._potential()
+        return -loss / REWARD_SCALE_S + (self.gamma or 0.0) * self.potential - before

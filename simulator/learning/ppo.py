@@ -57,7 +57,8 @@ def make_envs(args: Args) -> tuple[gym.vector.SyncVectorEnv, environment.Scenari
     )
 
     def make() -> gym.Env[Any, Any]:
-        return environment.PlacementEnv(scenarios.draw, scenarios.max_rows)
+        shaping = args.gamma if args.shape_reward else None
+        return environment.PlacementEnv(scenarios.draw, scenarios.max_rows, shaping_gamma=shaping)
 
     envs = gym.vector.SyncVectorEnv(
         [make for _ in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -249,7 +250,8 @@ def _masked_entropy(logits: Tensor, mask: Tensor) -> Tensor:
 
 
 def _config(args: Args) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}
+    """The configuration as the model file records it: paths by name (no machine's layout)."""
+    return {k: (v.name if isinstance(v, Path) else v) for k, v in asdict(args).items()}
 
 
 def _writer(out: Path) -> Any:
