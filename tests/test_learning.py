@@ -225,3 +225,15 @@ def test_exported_scorer_computes_what_the_actor_computes() -> None:
     with torch.no_grad():
         actor, _ = model(nodes.unsqueeze(0), None, pod.unsqueeze(0), cluster.unsqueeze(0))
         torch.testing.assert_close(network.Scorer(model)(nodes, pod, cluster), actor[0], rtol=1e-5, atol=1e-6)
+
+
+def test_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from plugin import cli
+
+    argv = ["train", "--out", str(tmp_path), "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
+    argv += ["--update-epochs", "1", "--episode-minutes", "5", "--hidden", "8", "--no-export-onnx"]
+    assert cli.main([*argv, "--total-timesteps", "10"]) == 2
+    assert "at least one batch (64)" in capsys.readouterr().err
+    assert cli.main([*argv, "--total-timesteps", "64"]) == 0
+    assert (tmp_path / "model.pt").is_file() and (tmp_path / "learning_curve.png").is_file()
+    assert not (tmp_path / "placement.onnx").exists()
