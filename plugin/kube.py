@@ -34,16 +34,20 @@ class ApiCall:
     group: str  # "" for the core API
     resource: str  # plural, with subresource: "pods/binding"
     verbs: tuple[str, ...]
+    namespace: str = ""  # "" across the cluster; else the one namespace the call is made in
 
 
+PLUGIN_NAMESPACE = "kdrl-system"  # where the plugin keeps its lease and runs pre-pull pods
 API_CALLS: list[ApiCall] = []
 
 
-def api_call(group: str, resource: str, *verbs: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+def api_call(
+    group: str, resource: str, *verbs: str, namespace: str = ""
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Declare the API request(s) a function makes; see the module docstring."""
 
     def register(fn: Callable[P, R]) -> Callable[P, R]:
-        API_CALLS.append(ApiCall(group=group, resource=resource, verbs=verbs))
+        API_CALLS.append(ApiCall(group=group, resource=resource, verbs=verbs, namespace=namespace))
         return fn
 
     return register
@@ -175,7 +179,7 @@ def revisions(api: client.ApiClient) -> Collection:
     return Collection("revisions", lister, ("serving.knative.dev", "v1", "revisions"))
 
 
-@api_call("apps", "deployments", "get")
+@api_call("apps", "deployments", "get", namespace="knative-serving")
 async def serving_version(api: client.ApiClient, *, timeout_s: float) -> str:
     """Knative Serving's release, from its controller Deployment's version label ("" if unknown)."""
     apps = client.AppsV1Api(api)
@@ -231,7 +235,7 @@ async def patch_revision(
     return await _read(call, f"patch revision {namespace}/{name}")
 
 
-@api_call("coordination.k8s.io", "leases", "get")
+@api_call("coordination.k8s.io", "leases", "get", namespace=PLUGIN_NAMESPACE)
 async def get_lease(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
     coordination = client.CoordinationV1Api(api)
     return await _read(
@@ -242,7 +246,7 @@ async def get_lease(api: client.ApiClient, *, namespace: str, name: str, timeout
     )
 
 
-@api_call("coordination.k8s.io", "leases", "create", "update")
+@api_call("coordination.k8s.io", "leases", "create", "update", namespace=PLUGIN_NAMESPACE)
 async def write_lease(
     api: client.ApiClient,
     *,
@@ -269,7 +273,7 @@ async def write_lease(
     return await _read(call, f"write lease {namespace}/{name}", ok=(200, 201))
 
 
-@api_call("", "pods", "create")
+@api_call("", "pods", "create", namespace=PLUGIN_NAMESPACE)
 async def create_pod(api: client.ApiClient, *, namespace: str, body: Obj, timeout_s: float) -> Obj:
     """Create a pod (the plugin's pre-pull pods, in its own namespace); 409 when it exists."""
     core = client.CoreV1Api(api)
@@ -281,7 +285,7 @@ async def create_pod(api: client.ApiClient, *, namespace: str, body: Obj, timeou
     )
 
 
-@api_call("", "pods", "delete")
+@api_call("", "pods", "delete", namespace=PLUGIN_NAMESPACE)
 async def delete_pod(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> None:
     """Delete a pod; one already gone is fine (its work is done either way)."""
     core = client.CoreV1Api(api)
