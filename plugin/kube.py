@@ -196,23 +196,23 @@ async def serving_version(api: client.ApiClient, *, timeout_s: float) -> str:
 @api_call("serving.knative.dev", "services", "get")
 async def get_service(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
     """A Knative Service (its `status.traffic` names the routed revisions)."""
-    custom = client.CustomObjectsApi(api)
-    return await _read(
-        custom.get_namespaced_custom_object_without_preload_content(
-            *SERVING, namespace, "services", name, _request_timeout=timeout_s
-        ),
-        f"get service {namespace}/{name}",
-    )
+    return await _get_serving(api, "services", namespace, name, timeout_s)
 
 
 @api_call("serving.knative.dev", "revisions", "get")
 async def get_revision(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
+    return await _get_serving(api, "revisions", namespace, name, timeout_s)
+
+
+async def _get_serving(
+    api: client.ApiClient, plural: str, namespace: str, name: str, timeout_s: float
+) -> Obj:
     custom = client.CustomObjectsApi(api)
     return await _read(
         custom.get_namespaced_custom_object_without_preload_content(
-            *SERVING, namespace, "revisions", name, _request_timeout=timeout_s
+            *SERVING, namespace, plural, name, _request_timeout=timeout_s
         ),
-        f"get revision {namespace}/{name}",
+        f"get {plural.removesuffix('s')} {namespace}/{name}",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,7 @@ def pareto(results: list[dict[str, Any]], path: Path) -> Path:
     axis.set_xlabel("wasted memory time (fixed 10-min keep-alive = 100)")
     axis.set_ylabel("75th-percentile cold-start % (o unweighted, ^ weighted)")
     axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def timeline(series: dict[str, dict[str, list[float]] | None], path: Path) -> Path:
@@ -55,10 +53,7 @@ def timeline(series: dict[str, dict[str, list[float]] | None], path: Path) -> Pa
         axis.grid(alpha=0.3)
     axes[2].set_xlabel("hour")
     axes[0].legend(fontsize=6, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def _label(entry: dict[str, Any]) -> str:
@@ -96,6 +91,30 @@ def evaluation(result: dict[str, Any], path: Path) -> Path:
         axis.set_xticks([k + 0.4 - width / 2 for k in range(len(labels))], labels, fontsize=8)
         axis.set_title(f"{cluster}: relative to kube-default (paired by seed)")
         axis.legend(fontsize=7)
+    return _save(figure, path)
+
+
+def learning_curve(progress_csv: Path, path: Path) -> Path:
+    """Episodic return over training, one colour per curriculum stage (returns grow with the
+    cluster, so they compare within a stage, not across)."""
+    with progress_csv.open() as handle:
+        rows = list(csv.DictReader(handle))
+    figure, axis = plt.subplots(figsize=(6.5, 3.5))
+    for stage in dict.fromkeys(r["curriculum_stage"] for r in rows):
+        mine = [r for r in rows if r["curriculum_stage"] == stage]
+        axis.plot(
+            [float(r["global_step"]) for r in mine],
+            [float(r["episodic_return"]) for r in mine],
+            label=f"clusters of up to {float(stage):.0f} nodes",
+        )
+    axis.set_xlabel("placements (environment steps)")
+    axis.set_ylabel("episodic return (mean of last 20)")
+    axis.set_title("PPO on the training split, by curriculum stage")
+    axis.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def _save(figure: Any, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -115,12 +115,17 @@ class FakeKube:
         app.router.add_put(leases + "/{name}", self._replace("leases"))
         return app
 
+    def _lookup(self, kind: str, request: web.Request) -> tuple[str, Obj | None, web.Response]:
+        """The object a path names: (namespace/name, the object or None, the 404 to send then)."""
+        key = f"{request.match_info['namespace']}/{request.match_info['name']}"
+        missing = _status(404, "NotFound", f'{kind} "{request.match_info["name"]}" not found')
+        return key, self.objects[kind].get(key), missing
+
     def _delete(self, kind: str) -> Any:
         async def handle(request: web.Request) -> web.Response:
-            key = f"{request.match_info['namespace']}/{request.match_info['name']}"
-            obj = self.objects[kind].get(key)
+            key, obj, missing = self._lookup(kind, request)
             if obj is None:
-                return _status(404, "NotFound", f'{kind} "{request.match_info["name"]}" not found')
+                return missing
             await self.delete(kind, key)
             return web.json_response(obj)
 
@@ -140,10 +145,9 @@ class FakeKube:
         """PUT: the body's `metadata.resourceVersion` must be the stored one (else 409)."""
 
         async def handle(request: web.Request) -> web.Response:
-            key = f"{request.match_info['namespace']}/{request.match_info['name']}"
-            stored = self.objects[kind].get(key)
+            _, stored, missing = self._lookup(kind, request)
             if stored is None:
-                return _status(404, "NotFound", f'{kind} "{request.match_info["name"]}" not found')
+                return missing
             obj = await request.json()
             if obj.get("metadata", {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
                 message = "the object has been modified; please apply your changes to the latest version"
@@ -155,13 +159,8 @@ class FakeKube:
 
     def _get(self, kind: str) -> Any:
         async def handle(request: web.Request) -> web.Response:
-            key = f"{request.match_info['namespace']}/{request.match_info['name']}"
-            obj = self.objects[kind].get(key)
-            if obj is None:
-                return _status(
-                    404, "NotFound", f'{kind}.serving.knative.dev "{request.match_info["name"]}" not found'
-                )
-            return web.json_response(obj)
+            _, obj, missing = self._lookup(kind, request)
+            return missing if obj is None else web.json_response(obj)
 
         return handle
 
@@ -171,12 +170,9 @@ class FakeKube:
         async def handle(request: web.Request) -> web.Response:
             if request.content_type != "application/merge-patch+json":
                 return _status(415, "UnsupportedMediaType", f"unsupported patch type {request.content_type}")
-            key = f"{request.match_info['namespace']}/{request.match_info['name']}"
-            obj = self.objects[kind].get(key)
+            key, obj, missing = self._lookup(kind, request)
             if obj is None:
-                return _status(
-                    404, "NotFound", f'{kind}.serving.knative.dev "{request.match_info["name"]}" not found'
-                )
+                return missing
             if key in self.interfere:  # another writer wins the race to this object
                 obj = await self.modify(kind, self.interfere.pop(key))
             patch = await request.json()

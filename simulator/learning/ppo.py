@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from policies import features
-from simulator import clusterspec, traces
+from simulator import clusterspec, plots, traces
 from simulator.learning import environment, export
 from simulator.learning.config import Args
 from simulator.learning.network import ActorCritic
@@ -215,7 +215,7 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
     envs.close()
     model.cpu()
     torch.save({"model": model.state_dict(), "args": _config(args)}, args.out / "model.pt")
-    learning_curve(args.out / "progress.csv", args.out / "learning_curve.png")
+    plots.learning_curve(args.out / "progress.csv", args.out / "learning_curve.png")
     if args.export_onnx:
         export.export(model, args.out / "placement.onnx", _config(args))
     return model
@@ -272,30 +272,3 @@ class _CsvLog:
                 writer.writeheader()
                 self.header = True
             writer.writerow(row)
-
-
-def learning_curve(csv_path: Path, png: Path) -> None:
-    """Episodic return over training, one colour per curriculum stage (returns grow with the
-    cluster, so they compare within a stage, not across)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with csv_path.open() as handle:
-        rows = list(csv.DictReader(handle))
-    figure, axis = plt.subplots(figsize=(6.5, 3.5))
-    for stage in dict.fromkeys(r["curriculum_stage"] for r in rows):
-        mine = [r for r in rows if r["curriculum_stage"] == stage]
-        axis.plot(
-            [float(r["global_step"]) for r in mine],
-            [float(r["episodic_return"]) for r in mine],
-            label=f"clusters of up to {float(stage):.0f} nodes",
-        )
-    axis.set_xlabel("placements (environment steps)")
-    axis.set_ylabel("episodic return (mean of last 20)")
-    axis.set_title("PPO on the training split, by curriculum stage")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(png, dpi=120)
-    plt.close(figure)
