@@ -31,7 +31,7 @@ from plugin.forecasts import ForecastLoop
 from plugin.informer import WatchSettings
 from plugin.keys import CACHE, EVENTS, EXTENDER, FORECASTS, SETTINGS
 from plugin.settings import Settings
-from policies import onnx_policy, registry
+from policies import registry
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     loaded = registry.load(
         chosen.name,
         seed=chosen.seed,
-        model=chosen.model or onnx_policy.DEFAULT_MODEL,
+        model=chosen.model,
         device=chosen.device,
         threads=chosen.threads,
     )

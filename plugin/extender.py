@@ -21,7 +21,6 @@ from plugin.cluster import ClusterCache, Snapshot
 from plugin.errors import BadRequest, KubeApiError, ObjectError
 from policies import filtering, ranking
 from policies.onnx_policy import LoadedPolicy
-from policies.placement import PlacementPolicy
 from policies.types import ClusterObjects, FloatArray, IntArray, NodeTable, PodRequest
 
 logger = logging.getLogger(__name__)
@@ -86,12 +85,10 @@ class Priorities:
 class Extender:
     """The three verbs over a cluster cache, a placement policy and a binder."""
 
-    def __init__(
-        self, *, cache: ClusterCache, policy: PlacementPolicy | LoadedPolicy, binder: Binder
-    ) -> None:
+    def __init__(self, *, cache: ClusterCache, policy: LoadedPolicy, binder: Binder) -> None:
         self.cache = cache
-        self.loaded = policy if isinstance(policy, LoadedPolicy) else LoadedPolicy(policy, provider="numpy")
-        self.policy = self.loaded.policy
+        self.loaded = policy
+        self.policy = policy.policy
         self._policy_attributes: dict[str, str | bool] = {
             "kdrl.policy": self.policy.name,
             "kdrl.policy.provider": self.loaded.provider,

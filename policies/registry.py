@@ -10,18 +10,23 @@ from policies.onnx_policy import LoadedPolicy
 PLACEMENT_NAMES = (*heuristics.HEURISTIC_NAMES, "onnx")
 
 
+def check(name: str) -> None:
+    """A KeyError naming the known policies when `name` is not one (loads nothing)."""
+    if name not in PLACEMENT_NAMES:
+        raise KeyError(f"unknown placement policy {name!r}; known: {', '.join(PLACEMENT_NAMES)}")
+
+
 def load(
     name: str,
     *,
     seed: int = 0,
-    model: Path = onnx_policy.DEFAULT_MODEL,
+    model: Path | None = None,
     device: str = "auto",
     threads: int = 1,
 ) -> LoadedPolicy:
-    """The policy called `name`. `onnx` falls back to kube-default (degraded, with the reason)
-    when its model cannot serve; an unknown name is a KeyError naming the known ones."""
+    """The policy called `name`. `onnx` (with `model`, default the shipped one) falls back to
+    kube-default (degraded, with the reason) when its model cannot serve."""
+    check(name)
     if name == "onnx":
-        return onnx_policy.load(model, device=device, threads=threads)
-    if name not in PLACEMENT_NAMES:
-        raise KeyError(f"unknown placement policy {name!r}; known: {', '.join(PLACEMENT_NAMES)}")
+        return onnx_policy.load(model or onnx_policy.DEFAULT_MODEL, device=device, threads=threads)
     return LoadedPolicy(policy=heuristics.by_name(name, seed=seed), provider="numpy")

@@ -51,10 +51,7 @@ class Options:
         if self.functions is not None and self.functions <= 0:
             raise ValueError(f"--functions {self.functions}: expected a positive number")
         for name in self.placements:
-            if name not in registry.PLACEMENT_NAMES:
-                raise KeyError(
-                    f"unknown placement policy {name!r}; known: {', '.join(registry.PLACEMENT_NAMES)}"
-                )
+            registry.check(name)
         for name in self.keepalives:
             keepalive.by_name(name)
 
