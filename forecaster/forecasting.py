@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +24,7 @@ import pandas as pd
 from statsforecast import StatsForecast
 from statsforecast.models import ADIDA, IMAPA, TSB, AutoETS, CrostonSBA, Naive, SeasonalNaive
 
-from forecaster import histogram
+from forecaster import histogram, idletimes
 from forecaster.history import MinuteCounts, idle_minutes
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,29 @@ class Forecast:
     keepalive_minutes: float
     model: str
     relative_mae: float | None  # backtest MAE of the chosen model / that of persistence (< 1 beats it)
+    # P(next invocation within the first k minutes) from the function's own idle times since its
+    # last invocation (`idletimes`); None where they say too little.
+    p_within_idle: FloatArray | None = None
+
+    def later(self, minutes: int, p_within_idle: FloatArray | None = None) -> Forecast:
+        """This forecast `minutes` on (the first minutes dropped), with the idle-time answer for
+        that moment; `p_within` over what is left assumes the minutes independent."""
+        if minutes <= 0:
+            return replace(self, p_within_idle=p_within_idle)
+        p_invoked = self.p_invoked[minutes:]
+        return replace(
+            self,
+            start_minute=self.start_minute + minutes,
+            expected=self.expected[minutes:],
+            p_invoked=p_invoked,
+            p_within=np.asarray(1.0 - np.cumprod(1.0 - p_invoked), dtype=np.float64),
+            p_within_idle=p_within_idle,
+        )
+
+    @property
+    def best_p_within(self) -> FloatArray:
+        """The idle-time answer when there is one (it knows timing), else the model's."""
+        return self.p_within if self.p_within_idle is None else self.p_within_idle
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -61,6 +84,9 @@ class Forecast:
             "keepalive_minutes": round(self.keepalive_minutes, 3),
             "model": self.model,
             "relative_mae": None if self.relative_mae is None else round(self.relative_mae, 4),
+            "p_within_idle": None
+            if self.p_within_idle is None
+            else [round(float(v), 4) for v in self.p_within_idle],
         }
 
 
@@ -185,6 +211,7 @@ class Forecaster:
                         keepalive_minutes=keepalive,
                         model=name,
                         relative_mae=self.choice.relative_mae.get(str(function)),
+                        p_within_idle=idle_within(histories[str(function)], horizon, (prewarm, keepalive)),
                     )
         return out
 
@@ -215,6 +242,16 @@ def _hybrid_windows(histories: Mapping[str, npt.NDArray[np.int64]]) -> dict[str,
         f: (float(prewarm[offsets[i + 1] - 1]), float(keepalive[offsets[i + 1] - 1]))
         for i, f in enumerate(functions)
     }
+
+
+def idle_within(
+    series: npt.NDArray[np.int64], horizon: int, windows: tuple[float, float]
+) -> FloatArray | None:
+    """`idletimes.within_after` for a series ending just before the first forecast minute."""
+    invoked = np.flatnonzero(series)
+    if invoked.size == 0:
+        return None
+    return idletimes.within_after(idle_minutes(series), len(series) - int(invoked[-1]), horizon, windows)
 
 
 def _engine(names: Sequence[str]) -> StatsForecast:

@@ -1,8 +1,9 @@
 """The prewarm planner: forecasts and cluster state in, warm replicas and image pre-pulls out.
 
 Pure: no clock (the caller passes `now_minute`), no I/O. For each function it weighs the
-expected benefit of a warm replica over the coming window, P(invoked) x the cold start it
-avoids x its priority's weight, against its cost, idle memory-time x price plus idle power.
+expected benefit of a warm replica until the next plan, P(invoked within the lookahead) x the
+cold start it avoids x its priority's value, against its cost, idle memory-time x price plus
+idle power; the replicas it holds expire after the window unless a later plan renews them.
 `critical` and `high` come first by their weights; `batch` is never prewarmed; a function whose
 author opted out (`kdrl.dev/prewarm: "false"`) is left alone. When the warm-memory budget
 binds, the highest value per byte wins. Every entry says why (probability, window, benefit,
@@ -38,7 +39,10 @@ DEFAULT_COLD_START_VALUE_PER_S: Mapping[Priority, float] = {
 
 @dataclass(frozen=True)
 class PlannerSettings:
-    window_minutes: int = 10  # how far ahead one plan keeps capacity warm (its expiry)
+    window_minutes: int = 10  # how long one plan's warm capacity lasts unless renewed (its expiry)
+    # How soon an invocation must be likely for capacity to be warmed now: plans are redone every
+    # minute and a pod starts in seconds, so warming earlier only idles memory.
+    lookahead_minutes: int = 2
     min_probability: float = 0.05  # below this a function is not worth a look
     cold_start_value_per_s: Mapping[Priority, float] = field(
         default_factory=lambda: dict(DEFAULT_COLD_START_VALUE_PER_S)
@@ -159,28 +163,28 @@ def _excluded(state: FunctionState | None, forecast: Forecast, config: PlannerSe
         return "opted out (kdrl.dev/prewarm: false)"
     if state.priority is Priority.BATCH:
         return "batch functions are never prewarmed"
-    if _probability(forecast, config.window_minutes) < config.min_probability:
-        return "unlikely to be invoked in the window"
+    if _probability(forecast, config.lookahead_minutes) < config.min_probability:
+        return "unlikely to be invoked soon"
     return ""
 
 
 def _probability(forecast: Forecast, window: int) -> float:
-    within = forecast.p_within
+    within = forecast.best_p_within
     return float(within[min(window, len(within)) - 1]) if len(within) else 0.0
 
 
 def _evaluate(
     now_minute: int, forecast: Forecast, state: FunctionState, config: PlannerSettings
 ) -> WarmEntry:
-    window = config.window_minutes
-    probability = _probability(forecast, window)
-    rate_per_s = float(np.mean(forecast.expected[:window])) / 60.0 if len(forecast.expected) else 0.0
+    window, lookahead = config.window_minutes, config.lookahead_minutes
+    probability = _probability(forecast, lookahead)
+    rate_per_s = float(np.mean(forecast.expected[:lookahead])) / 60.0 if len(forecast.expected) else 0.0
     busy = rate_per_s * state.duration_s / max(state.concurrency_target, 1e-9)  # Little's law, in pods
     replicas = max(1, math.ceil(busy), state.author_min_scale)
     benefit = probability * state.cold_start_s * config.cold_start_value_per_s.get(state.priority, 0.0)
-    # Expected idle memory-time: the replicas sit idle over the window unless invoked (a
-    # conservative proxy: an invoked replica is counted as busy for the whole window).
-    idle_gib_s = replicas * state.memory_bytes / GiB * window * 60 * (1.0 - min(probability, 1.0))
+    # Expected idle memory-time: the replicas sit idle until the next plan unless invoked (a
+    # conservative proxy: an invoked replica is counted as busy all that time).
+    idle_gib_s = replicas * state.memory_bytes / GiB * lookahead * 60 * (1.0 - min(probability, 1.0))
     cost = idle_gib_s * (config.memory_price_per_gib_s + config.idle_power_price_per_gib_s)
     reason = Reason(probability=probability, window_minutes=window, benefit_usd=benefit, cost_usd=cost)
     return WarmEntry(
@@ -195,12 +199,18 @@ def _pulls(
     policy: PlacementPolicy,
     config: PlannerSettings,
 ) -> tuple[PullEntry, ...]:
-    """Pre-pull each warm function's image onto the nodes its next pods would go to."""
+    """Pre-pull each warm function's image onto the nodes its next pods would go to.
+
+    Only for functions with no pod in the cluster: their next pod is a start from zero, whose
+    request waits for the pull; a running function's image is already where its pods are."""
     pulls: list[PullEntry] = []
+    running = nodes.cluster.function_index
     for entry, state in warm:  # already in value order
         if len(pulls) >= budget.pulls_per_minute or not len(nodes):
             break
         image = state.pod.images[0] if state.pod.images else ""
+        if not image or state.function in running:
+            continue
         result = ranking.rank(state.pod, nodes, policy)
         for row in result.best_first(limit=config.prepull_nodes):
             if not result.verdicts.feasible[row] or len(pulls) >= budget.pulls_per_minute:
@@ -208,3 +218,32 @@ def _pulls(
             if image and image not in nodes.images[row]:
                 pulls.append(PullEntry(entry.function, image, str(nodes.names[row]), entry.reason))
     return tuple(pulls)
+
+
+def plan_json(decided: PrewarmPlan) -> dict[str, object]:
+    """A plan as JSON: what `/debug/prewarm` and the shadow mode show."""
+
+    def why(reason: Reason) -> dict[str, object]:
+        return {
+            "probability": round(reason.probability, 4),
+            "window_minutes": reason.window_minutes,
+            "benefit_usd": round(reason.benefit_usd, 8),
+            "cost_usd": round(reason.cost_usd, 8),
+        }
+
+    return {
+        "minute": decided.now_minute,
+        "warm": [
+            {
+                "function": w.function,
+                "replicas": w.replicas,
+                "expires_minute": w.expires_minute,
+                **why(w.reason),
+            }
+            for w in decided.warm
+        ],
+        "pulls": [
+            {"function": p.function, "image": p.image, "node": p.node, **why(p.reason)} for p in decided.pulls
+        ],
+        "skipped": [{"function": f, "why": reason} for f, reason in decided.skipped],
+    }

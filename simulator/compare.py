@@ -10,19 +10,20 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from policies import registry
-from simulator import clusterspec, engine, keepalive, report, study, traces, workload
+from simulator import clusterspec, engine, keepalive, prewarming, report, study, traces, workload
 
 BUNDLED_TRACE = Path(__file__).resolve().parent / "data" / "azure2019_slice"
 # The default comparison: upstream's default, the tuned heuristic and the shipped learned model
 # (`most-allocated` and `random` on request).
 PLACEMENTS = ("kube-default", "tuned", "onnx")
-KEEPALIVES = ("knative", "fixed:10", "hybrid")
+KEEPALIVES = ("knative", "fixed:10", "hybrid", "prewarm", "prewarm:nopull")
 MODES = ("cluster", "keepalive")
 
 
@@ -80,9 +81,20 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
     all_jobs = jobs(options)
     workers = min(options.workers or os.cpu_count() or 1, len(all_jobs))
     runner = _run_study if options.mode == "keepalive" else _run_cluster
+    planned = [job for job in all_jobs if _planned(job[1])]
     results: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for entry in pool.map(runner, [trace] * len(all_jobs), all_jobs, [options] * len(all_jobs)):
+        # Forecasting the trace is one job whose result every planner run shares; the others
+        # run meanwhile.
+        services = [spec.service for spec in workload.build(trace, seed=options.seed).functions]
+        schedule = pool.submit(prewarming.forecast_schedule, trace.counts, services) if planned else None
+        futures = {job: pool.submit(runner, trace, job, options) for job in all_jobs if job not in planned}
+        if schedule is not None:
+            forecasts = schedule.result()
+            planner_run = partial(_run_cluster, forecasts=forecasts)  # planned runs are cluster runs
+            futures.update({job: pool.submit(planner_run, trace, job, options) for job in planned})
+        for job in all_jobs:
+            entry = futures[job].result()
             results.append(entry)
             progress(f"{entry['placement'] or '-'} x {entry['keepalive']}")
     report.normalise_wasted(results)
@@ -113,9 +125,13 @@ def jobs(options: Options) -> list[tuple[str | None, str]]:
     keepalives = list(options.keepalives)
     if "fixed:10" not in keepalives:
         keepalives.append("fixed:10")  # the normalisation reference for wasted memory
-    if options.mode == "keepalive":
-        return [(None, k) for k in keepalives]
+    if options.mode == "keepalive":  # the planner needs a cluster
+        return [(None, k) for k in keepalives if not _planned(k)]
     return [(p, k) for p in options.placements for k in keepalives]
+
+
+def _planned(keepalive_name: str) -> bool:
+    return isinstance(keepalive.by_name(keepalive_name), keepalive.PlannedPrewarm)
 
 
 def _run_study(trace: traces.Trace, job: tuple[str | None, str], options: Options) -> dict[str, Any]:
@@ -131,16 +147,36 @@ def _run_study(trace: traces.Trace, job: tuple[str | None, str], options: Option
     return entry
 
 
-def _run_cluster(trace: traces.Trace, job: tuple[str | None, str], options: Options) -> dict[str, Any]:
+def _run_cluster(
+    trace: traces.Trace,
+    job: tuple[str | None, str],
+    options: Options,
+    forecasts: prewarming.ForecastSchedule | None = None,
+) -> dict[str, Any]:
     placement_name, keepalive_name = job
     assert placement_name is not None
+    functions = workload.build(trace, seed=options.seed)
+    cluster = clusterspec.load(options.cluster)
+    placement = registry.load(placement_name, seed=options.seed, device="cpu").policy
+    policy = keepalive.by_name(keepalive_name)
+    prewarmer = None
+    if isinstance(policy, keepalive.PlannedPrewarm):
+        assert forecasts is not None
+        prewarmer = prewarming.SimulatedPrewarm(
+            schedule=forecasts,
+            states=prewarming.function_states(functions, engine.StartupConfig()),
+            policy=placement,
+            budget=prewarming.budget(cluster),
+            pull=policy.pull,
+        )
     simulation = engine.Simulation(
-        workload=workload.build(trace, seed=options.seed),
+        workload=functions,
         counts=trace.counts,
-        cluster=clusterspec.load(options.cluster),
-        placement=registry.load(placement_name, seed=options.seed, device="cpu").policy,
-        keepalive=keepalive.by_name(keepalive_name),
+        cluster=cluster,
+        placement=placement,
+        keepalive=policy,
         seed=options.seed,
+        prewarmer=prewarmer,
     )
     result = simulation.run()
     entry = _head(job, options)

@@ -21,6 +21,7 @@ import heapq
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +30,7 @@ from policies import filtering
 from policies.objectives import PRIORITY_WEIGHT, SLA_TARGET_S
 from policies.placement import PlacementPolicy
 from policies.types import BoolArray, NodeTable, PodRequest, Priority, Toleration
+from prewarm.planning import PrewarmPlan
 from simulator import study
 from simulator.clusterspec import ClusterSpec
 from simulator.keepalive import KeepAlivePolicy
@@ -79,6 +81,13 @@ class Decision:
     feasible: BoolArray
 
 
+class Prewarmer(Protocol):
+    """Plans warm capacity and image pre-pulls at the start of each minute (`prewarm.planning`)."""
+
+    def plan(self, minute: int, counts: IntArray, nodes: NodeTable) -> PrewarmPlan:
+        """`counts`: every function's invocations per minute, of the minutes before `minute`."""
+
+
 # A run as a coroutine: it yields each placement decision and is sent back the chosen row.
 Steps = Generator[Decision, int, "RunResult"]
 
@@ -102,7 +111,8 @@ class RunResult:
     wasted_mb_s: FloatArray  # per function: memory of idle ready pods over time
     latency_hist: dict[Priority, FloatArray]  # start-delay histograms of cold requests per class
     warm_requests: dict[Priority, int]
-    pulls: int
+    pulls: int  # image pulls for pods being placed (their start waits for them)
+    prepulls: int  # image pulls the prewarm planner asked for ahead of any pod
     pods_started: int
     energy_j: float
     cost_usd: float
@@ -145,9 +155,11 @@ class Simulation:
         autoscaler: AutoscalerConfig | None = None,
         startup: StartupConfig | None = None,
         new_revisions: bool = False,
+        prewarmer: Prewarmer | None = None,
     ) -> None:
         """`new_revisions`: the revisions are created as the run starts, each with its
-        `initial_scale` pods; otherwise they exist already, scaled to zero (a day's trace)."""
+        `initial_scale` pods; otherwise they exist already, scaled to zero (a day's trace).
+        `prewarmer`: raises `min-scale` and pre-pulls images each minute, on top of `keepalive`."""
         self.workload, self.counts, self.placement = workload, counts, placement
         self.startup = startup or StartupConfig()
         self.rng = np.random.default_rng(seed)
@@ -177,8 +189,14 @@ class Simulation:
         self.room_changed = False  # a pod left or a node joined since pending pods last tried
         self._stuck_now: set[int] = set()
         self.starting: list[tuple[float, int]] = []  # heap of (ready_at, pod id)
-        self.min_scale_events: list[tuple[float, int, int]] = []  # heap of (time, function, +1/-1)
-        self.min_scale_votes = np.zeros(n, dtype=np.int64)
+        # The keep-alive window in force per function: min-scale 1 from `warm_from` until
+        # `warm_until`. The windows chosen after an invocation replace those before it, as the
+        # policies define them (SitW re-decides both windows after every invocation).
+        self.warm_from = np.full(n, np.inf)
+        self.warm_until = np.full(n, -np.inf)
+        self.prewarmer = prewarmer
+        self.planned_min_scale = np.zeros(n, dtype=np.int64)
+        self.index_of = {spec.service: i for i, spec in enumerate(self.functions)}
         periods = study.IdlePeriods.from_counts(counts)
         self.prewarm, self.keepalive = keepalive.windows(periods.minutes, periods.offsets)
         self.next_period = periods.offsets[:-1].copy()
@@ -190,6 +208,7 @@ class Simulation:
             latency_hist={p: np.zeros(LATENCY_BINS) for p in priorities},
             warm_requests=dict.fromkeys(priorities, 0),
             pulls=0,
+            prepulls=0,
             pods_started=0,
             energy_j=0.0,
             cost_usd=0.0,
@@ -210,9 +229,12 @@ class Simulation:
                     yield from self._create_pod(function, 0.0)
         minutes = self.counts.shape[1]
         for minute in range(minutes):
+            if self.prewarmer is not None:
+                self._prewarm(minute)
             arrivals = self._arrivals(minute)
             for second in range(60):
                 yield from self._step(minute * 60 + second, arrivals[:, second])
+            self._open_windows(minute, arrivals)
             self._record_minute(minute)
         self._finish(minutes * 60.0)
         return self.result
@@ -226,26 +248,28 @@ class Simulation:
     def _arrivals(self, minute: int) -> IntArray:
         counts = self.counts[:, minute]
         per_second = self.rng.multinomial(counts, np.full(60, 1 / 60))
-        invoked = np.flatnonzero(counts)
+        return per_second
+
+    def _open_windows(self, minute: int, per_second: IntArray) -> None:
+        """After the minute: each invoked function's new windows, from its last arrival. The old
+        ones held until now; Knative keeps the pod for 90 s after that arrival regardless."""
+        invoked = np.flatnonzero(per_second.sum(axis=1))
         last_second = 59 - np.argmax(per_second[invoked, ::-1] > 0, axis=1)
         for function, last in zip(invoked.tolist(), last_second.tolist()):
             self._open_window(function, minute * 60.0 + last + 0.5)
-        return per_second
 
     def _open_window(self, function: int, last_arrival: float) -> None:
-        """The keep-alive policy's windows after this invocation minute, as min-scale votes."""
+        """The keep-alive policy's windows after this invocation minute replace those in force."""
         period = self.next_period[function]
         self.next_period[function] += 1
         prewarm, keepalive = self.prewarm[period] * 60.0, self.keepalive[period] * 60.0
-        if keepalive > 0:
-            heapq.heappush(self.min_scale_events, (last_arrival + prewarm, function, 1))
-            heapq.heappush(self.min_scale_events, (last_arrival + prewarm + keepalive, function, -1))
+        self.warm_from[function] = last_arrival + prewarm if keepalive > 0 else np.inf
+        self.warm_until[function] = last_arrival + prewarm + keepalive
 
     def _step(self, t: int, arrivals: IntArray) -> Generator[Decision, int, None]:
         now = float(t)
         self._stuck_now = set()  # functions whose pod found no room this second
         self._start_ready_pods(now + 0.5)
-        self._apply_min_scale(now)
         slot = t % COMPLETION_RING_S
         self.inflight -= self.completions[slot]
         self.completions[slot] = 0.0
@@ -279,14 +303,26 @@ class Simulation:
                 yield from self._create_pod(function, now)
         np.add.at(self.warm_by_class, self.priority_index[functions[~cold]], counts[~cold])
 
-    def _apply_min_scale(self, now: float) -> None:
-        events = self.min_scale_events
-        while events and events[0][0] <= now:
-            _, function, vote = heapq.heappop(events)
-            self.min_scale_votes[function] += vote
+    def _prewarm(self, minute: int) -> None:
+        """The planner's `min-scale` per function until the next plan, and its pre-pulls now."""
+        assert self.prewarmer is not None
+        now = minute * 60.0
+        table, ids = self.nodes.table(now)
+        planned = self.prewarmer.plan(minute, self.counts[:, :minute], table)
+        self.planned_min_scale[:] = 0
+        for entry in planned.warm:
+            self.planned_min_scale[self.index_of[entry.function]] = entry.replicas
+        row_of = {str(name): row for row, name in enumerate(table.names)}
+        for pull in planned.pulls:
+            node = int(ids[row_of[pull.node]])
+            spec = self.functions[self.index_of[pull.function]]
+            if self.nodes.image_ready(node, spec.image, spec.image_bytes, now)[1]:
+                self.result.prepulls += 1
+                self.nodes.collect_images(node, self._images_in_use(node) | {spec.image})
 
     def _scale(self, now: float) -> Generator[Decision, int, None]:
-        min_scale = (self.min_scale_votes > 0).astype(np.int64)
+        in_window = (self.warm_from <= now) & (now < self.warm_until)
+        min_scale = np.maximum(in_window.astype(np.int64), self.planned_min_scale)
         desired = self.kpa.desired(now, self.ready, self.current, min_scale)
         desired = np.where(self.waiting, np.maximum(desired, 1), desired)
         for function in np.flatnonzero(desired != self.current).tolist():
@@ -299,7 +335,10 @@ class Simulation:
     # -- pods -------------------------------------------------------------------------
     def _create_pod(self, function: int, now: float) -> Generator[Decision, int, None]:
         self.current[function] += 1
-        if function in self._stuck_now or not (yield from self._place(function, now)):
+        if function in self._stuck_now:  # its pod before found no room: this one waits too
+            self._request_node(self.requests[function], now)
+            self.pending.append(function)
+        elif not (yield from self._place(function, now)):
             self._stuck_now.add(function)
             self.pending.append(function)
 
@@ -336,18 +375,19 @@ class Simulation:
         return {QUEUE_PROXY_IMAGE} | {self.image_of[service] for service in self.nodes.function_pods[node]}
 
     def _request_node(self, pod: PodRequest, now: float) -> None:
-        provisioning = self.nodes.alive & (self.nodes.ready_at > now)
-        fits = self.nodes.fits_empty(pod)
-        if not any(fits[self.nodes.pool[provisioning]]):
-            self.nodes.scale_up(pod, now)
+        self.nodes.request_room(pod, now)
 
     def _place_pending(self, now: float) -> Generator[Decision, int, None]:
         """Retry waiting pods in order; once one of a function fails, its others wait too."""
         self.room_changed = False
+        self.nodes.forget_promises()  # every waiting pod asks again below
         waiting, self.pending = self.pending, []
         stuck: set[int] = set()
         for function in waiting:
-            if function in stuck or not (yield from self._place(function, now)):
+            if function in stuck:
+                self._request_node(self.requests[function], now)
+                self.pending.append(function)
+            elif not (yield from self._place(function, now)):
                 stuck.add(function)
                 self.pending.append(function)
 

@@ -74,15 +74,33 @@ class HybridHistogramPolicy:
         return histogram.batch_windows(gaps, offsets, self.params)
 
 
-NAMED = ("knative", "fixed:10", "fixed:20", "hybrid")
+@dataclass(frozen=True)
+class PlannedPrewarm:
+    """Knative's defaults, with the prewarm planner raising `min-scale` (and pre-pulling images
+    unless `pull` is off) each minute: cluster mode drives it through `simulator.prewarming`."""
+
+    pull: bool = True
+
+    @property
+    def name(self) -> str:
+        return "prewarm" if self.pull else "prewarm:nopull"
+
+    def windows(self, gaps: FloatArray, offsets: IntArray) -> tuple[FloatArray, FloatArray]:
+        return KnativeDefault().windows(gaps, offsets)
+
+
+NAMED = ("knative", "fixed:10", "fixed:20", "hybrid", "prewarm", "prewarm:nopull")
 
 
 def by_name(name: str) -> KeepAlivePolicy:
-    """`knative`, `fixed:MINUTES` (`fixed:10`, `fixed:20`, ...) or `hybrid`."""
+    """`knative`, `fixed:MINUTES` (`fixed:10`, `fixed:20`, ...), `hybrid`, `prewarm` or
+    `prewarm:nopull`."""
     if name == "knative":
         return KnativeDefault()
     if name == "hybrid":
         return HybridHistogramPolicy()
+    if name in ("prewarm", "prewarm:nopull"):
+        return PlannedPrewarm(pull=name == "prewarm")
     if name.startswith("fixed:"):
         try:
             minutes = float(name.removeprefix("fixed:"))
@@ -91,4 +109,6 @@ def by_name(name: str) -> KeepAlivePolicy:
         if minutes > 0:
             return FixedKeepAlive(minutes)
         raise KeyError(f"keep-alive {name!r}: fixed:MINUTES needs a positive number of minutes")
-    raise KeyError(f"unknown keep-alive policy {name!r}; known: knative, fixed:MINUTES, hybrid")
+    raise KeyError(
+        f"unknown keep-alive policy {name!r}; known: knative, fixed:MINUTES, hybrid, prewarm, prewarm:nopull"
+    )

@@ -109,6 +109,10 @@ class Nodes:
         self.alive = np.array([i < spec.pools[p].count for p, i in rows])
         self.ready_at = np.zeros(len(rows))
         self.empty_since = np.zeros(len(rows))
+        # Room on provisioning nodes promised to waiting pods this round, so that many waiting
+        # pods ask for as many nodes at once, as the cluster autoscaler's estimate does.
+        self.promised_cpu = np.zeros(len(rows), dtype=np.int64)
+        self.promised_memory = np.zeros(len(rows), dtype=np.int64)
         self.caches = [ImageCache(capacity=p.image_disk_bytes) for p in pools]
         self.image_sets = np.fromiter((c.sizes for c in self.caches), dtype=object, count=len(rows))
         self.available_at: dict[str, FloatArray] = {}  # image -> per node: pull done (inf: absent)
@@ -227,6 +231,25 @@ class Nodes:
                 for p in pools
             ]
         )
+
+    def request_room(self, pod: PodRequest, now: float) -> None:
+        """Promise `pod` room on a provisioning node, adding a node when none has room left."""
+        provisioning = self.alive & (self.ready_at > now)
+        room = (
+            provisioning
+            & self.fits_empty(pod)[self.pool]
+            & (self.cpu_allocatable - self.promised_cpu >= pod.cpu_milli)
+            & (self.memory_allocatable - self.promised_memory >= pod.memory_bytes)
+        )
+        candidates = np.flatnonzero(room)
+        node = int(candidates[0]) if candidates.size else self.scale_up(pod, now)
+        if node is not None:
+            self.promised_cpu[node] += pod.cpu_milli
+            self.promised_memory[node] += pod.memory_bytes
+
+    def forget_promises(self) -> None:
+        self.promised_cpu[:] = 0
+        self.promised_memory[:] = 0
 
     def scale_up(self, pod: PodRequest, now: float) -> int | None:
         """Add a node of the cheapest pool that fits `pod`, if any pool may grow."""

@@ -35,7 +35,7 @@ def pareto(results: list[dict[str, Any]], path: Path) -> Path:
     axis.set_xlabel("wasted memory time (fixed 10-min keep-alive = 100)")
     axis.set_ylabel("75th-percentile cold-start % (o unweighted, ^ weighted)")
     axis.grid(alpha=0.3)
-    return _save(figure, path)
+    return save(figure, path)
 
 
 def timeline(series: dict[str, dict[str, list[float]] | None], path: Path) -> Path:
@@ -53,7 +53,7 @@ def timeline(series: dict[str, dict[str, list[float]] | None], path: Path) -> Pa
         axis.grid(alpha=0.3)
     axes[2].set_xlabel("hour")
     axes[0].legend(fontsize=6, ncol=2)
-    return _save(figure, path)
+    return save(figure, path)
 
 
 def _label(entry: dict[str, Any]) -> str:
@@ -91,7 +91,7 @@ def evaluation(result: dict[str, Any], path: Path) -> Path:
         axis.set_xticks([k + 0.4 - width / 2 for k in range(len(labels))], labels, fontsize=8)
         axis.set_title(f"{cluster}: relative to kube-default (paired by seed)")
         axis.legend(fontsize=7)
-    return _save(figure, path)
+    return save(figure, path)
 
 
 def learning_curve(progress_csv: Path, path: Path) -> Path:
@@ -111,10 +111,10 @@ def learning_curve(progress_csv: Path, path: Path) -> Path:
     axis.set_ylabel("episodic return (mean of last 20)")
     axis.set_title("PPO on the training split, by curriculum stage")
     axis.legend(fontsize=8)
-    return _save(figure, path)
+    return save(figure, path)
 
 
-def _save(figure: Any, path: Path) -> Path:
+def save(figure: Any, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

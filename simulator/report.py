@@ -85,6 +85,7 @@ def cluster_entry(result: RunResult, weights: FloatArray, seconds: float) -> dic
         "energy_kwh": _round(result.energy_j / 3.6e6),
         "pods_started": result.pods_started,
         "image_pulls": result.pulls,
+        "prepulls": result.prepulls,
         "simulated_hours": _round(seconds / 3600.0),
     }
 

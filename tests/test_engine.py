@@ -59,7 +59,9 @@ def test_scale_from_zero_only_when_the_revision_has_gone_to_zero() -> None:
     assert (result.invocations[0], result.cold_starts[0]) == (3, 2)
 
 
-@pytest.mark.parametrize(("policy", "cold"), [("fixed:20", 1), ("hybrid", 1), ("fixed:5", 2)])
+# The hybrid histogram, having seen one idle time of a minute, keeps the instance for about a
+# minute after minute 1 (as in study mode): minute 10 is cold.
+@pytest.mark.parametrize(("policy", "cold"), [("fixed:20", 1), ("hybrid", 2), ("fixed:5", 2)])
 def test_keepalive_policies_act_through_min_scale(policy: str, cold: int) -> None:
     assert simulate({0: 1, 1: 1, 10: 1}, policy=policy).cold_starts[0] == cold
 
@@ -171,3 +173,26 @@ def test_new_revisions_start_with_initial_scale_and_then_scale_to_zero() -> None
     result = engine.drive(simulation.steps(), first_feasible)
     assert [(d.function, d.now) for d in decisions] == [(0, 0.0)]  # initial-scale 1, at once
     assert result.pods_started == 1 and simulation.current[0] == 0  # gone after the grace period
+
+
+def test_windows_after_an_invocation_replace_the_earlier_ones() -> None:
+    # A policy whose window after the first invocation is long and after the second is short:
+    # the short one rules from the second invocation on, so minute 20 is cold again.
+    class LongThenShort:
+        name = "long-then-short"
+
+        def windows(self, gaps: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            keepalive = np.where(np.arange(gaps.size) == 0, 60.0, 1.0)
+            return np.zeros(gaps.size), keepalive
+
+    row = np.zeros((1, 30), dtype=np.int64)
+    row[0, [0, 2, 20]] = 1
+    result = engine.Simulation(
+        workload=one_function(),
+        counts=row,
+        cluster=clusterspec.load("small"),
+        placement=heuristics.kube_default(),
+        keepalive=LongThenShort(),
+        seed=1,
+    ).run()
+    assert result.cold_starts[0] == 2  # minute 0 and minute 20; minute 2 was warm

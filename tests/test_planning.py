@@ -106,7 +106,7 @@ def test_unknown_and_unlikely_functions_are_skipped_with_a_reason() -> None:
     )
     assert dict(result.skipped) == {
         "ns/ghost": "no state (unknown to the cluster)",
-        "ns/quiet": "unlikely to be invoked in the window",
+        "ns/quiet": "unlikely to be invoked soon",
     }
 
 

@@ -52,6 +52,25 @@ def test_cluster_mode_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
 
 
+def test_the_prewarm_planner_runs_with_and_without_pre_pulls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        *QUICK,
+        "--hours",
+        "2",
+        "--placement",
+        "kube-default",
+        "--keepalive",
+        "knative,prewarm,prewarm:nopull",
+    ]
+    assert cli.main([*args, "--json", "--out", str(tmp_path)]) == 0
+    by_name = {e["keepalive"]: e for e in json.loads(capsys.readouterr().out)["results"]}
+    assert set(by_name) == {"knative", "prewarm", "prewarm:nopull", "fixed:10"}
+    assert by_name["prewarm:nopull"]["prepulls"] == 0
+    assert by_name["prewarm"]["cold_starts"] < by_name["knative"]["cold_starts"]
+
+
 def test_keepalive_mode_reports_per_population(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = [
         "simulate",

@@ -1,0 +1,116 @@
+"""The prewarm planner against Knative's default, fixed keep-alive and the hybrid histogram.
+
+    python -m bench.prewarm                    # markdown table, and docs/prewarm.png
+    python -m bench.prewarm --json
+
+Cluster mode on `medium` with the bundled trace slice (both populations, one day), placement
+kube-default, seed 1 (`--seed` for others). Per population: the 75th-percentile cold-start %
+over all functions and over those prewarming may touch (not `batch`, which the planner never
+prewarms by design), weighted by `occ_ref_samples` too; wasted memory time (fixed 10-minute
+keep-alive = 100); cold-start latency p50/p99 with image pulls; image pulls ahead of pods;
+cost and energy. About 3.5 minutes on 2 cores (the forecasts run once, beside the other runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.simulator import REPOSITORY
+from policies.types import Priority
+from simulator import compare, traces, workload
+from simulator.plots import save
+
+KEEPALIVES = ("knative", "fixed:10", "hybrid", "prewarm", "prewarm:nopull")
+PLOT = REPOSITORY / "docs" / "prewarm.png"
+
+
+def measure(seed: int, workers: int) -> dict[str, Any]:
+    options = compare.Options(
+        placements=("kube-default",), keepalives=KEEPALIVES, cluster="medium", seed=seed, workers=workers
+    )
+    report = compare.compare(options)
+    trace = compare.select(traces.load(options.trace), options)
+    functions = workload.build(trace, seed=seed).functions
+    eligible = np.array([f.priority is not Priority.BATCH for f in functions])
+    populations = np.asarray(report["per_function"]["populations"])
+    invocations = np.asarray(report["per_function"]["invocations"])
+    rows = []
+    for entry in report["results"]:
+        cold = np.asarray(report["per_function"]["cold_starts"][f"kube-default x {entry['keepalive']}"])
+        pct = 100.0 * cold / np.maximum(invocations, 1)
+        for population in traces.POPULATIONS:
+            members = (populations == population) & (invocations > 0)
+            summary = entry["populations"][population]
+            rows.append(
+                {
+                    "keepalive": entry["keepalive"],
+                    "population": population,
+                    "p75_cold_pct": summary["cold_start_pct_p75"],
+                    "p75_cold_pct_weighted": summary["cold_start_pct_p75_weighted"],
+                    "p75_cold_pct_prewarmable": round(float(np.percentile(pct[members & eligible], 75)), 3),
+                    "wasted_memory_norm": entry["wasted_memory_norm"],  # the whole cluster
+                    "cold_latency_p50_s": entry["cold_start_latency_p50_s"],
+                    "cold_latency_p99_s": entry["cold_start_latency_p99_s"],
+                    "prepulls": entry["prepulls"],
+                    "cost_usd": round(entry["cost_usd"], 1),
+                    "energy_kwh": round(entry["energy_kwh"], 1),
+                }
+            )
+    return {"seed": seed, "rows": rows}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| population | keep-alive | p75 cold % | p75 cold % (weighted) | p75 cold % (prewarmable) "
+        "| wasted memory | cold p50 s | cold p99 s | pre-pulls | cost $ | energy kWh |"
+    )
+    lines = [head, "|" + " --- |" * 11]
+    for r in rows:
+        lines.append(
+            f"| {r['population']} | {r['keepalive']} | {r['p75_cold_pct']:.3g} "
+            f"| {r['p75_cold_pct_weighted']:.3g} | {r['p75_cold_pct_prewarmable']:.3g} "
+            f"| {r['wasted_memory_norm']:.1f} | {r['cold_latency_p50_s']:.3g} "
+            f"| {r['cold_latency_p99_s']:.3g} "
+            f"| {r['prepulls']} | {r['cost_usd']:,} | {r['energy_kwh']} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for axis, population in zip(axes, traces.POPULATIONS):
+        for r in (r for r in rows if r["population"] == population):
+            x = r["wasted_memory_norm"]
+            axis.scatter(x, r["p75_cold_pct"], marker="o")
+            axis.scatter(x, r["p75_cold_pct_prewarmable"], marker="x", color="grey")
+            where = (x, r["p75_cold_pct"])
+            axis.annotate(r["keepalive"], where, fontsize=7, xytext=(3, 3), textcoords="offset points")
+        axis.set_title(f"{population} functions (medium cluster, kube-default)")
+        axis.set_xlabel("wasted memory time (fixed 10-min keep-alive = 100)")
+        axis.set_ylabel("p75 cold-start % (o all, x prewarmable)")
+        axis.grid(alpha=0.3)
+    return save(figure, path)
+
+
+def main() -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", type=Path, default=PLOT)
+    args = parser.parse_args()
+    result = measure(args.seed, args.workers)
+    drawn = plot(result["rows"], args.plot)
+    print(json.dumps(result, indent=2) if args.json else f"{table(result['rows'])}\n\nplot: {drawn}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The prewarm planner in the simulator: the service's forecaster and planner, minute by minute.
+
+The service forecasts every minute; statsforecast takes ~0.6 s for a few hundred functions, so
+a simulated day forecasts every `ForecastSchedule.every` minutes instead (online: each block is
+forecast from the minutes before it alone, models re-chosen by backtest every few hours) and
+shared by every run on the same trace. Each minute the planner sees the latest block moved on
+to that minute (`Forecast.later`) with the idle-time answer of that very minute (and the hybrid
+histogram's windows after the latest invocation, kept online per function), the cluster's
+nodes as the extender sees them, and plans exactly as `kdrl serve` does; the engine applies the
+plan as the actuators would: `min-scale` per function, and pre-pulls into its image model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from forecaster import histogram, idletimes
+from forecaster.forecasting import BACKTEST_WINDOWS, Forecast, Forecaster
+from forecaster.history import MinuteCounts
+from policies.economics import DEFAULT_PULL_MIB_PER_S
+from policies.placement import PlacementPolicy
+from policies.types import NodeTable
+from prewarm.planning import Budget, FunctionState, PlannerSettings, PrewarmPlan, plan
+from simulator.clusterspec import ClusterSpec
+from simulator.engine import StartupConfig, pod_request
+from simulator.traces import DURATION_LEVELS
+from simulator.workload import Workload
+
+IntArray = npt.NDArray[np.int64]
+MiB = 1024 * 1024
+HORIZON_MINUTES = 30
+
+
+@dataclass(frozen=True)
+class ForecastSchedule:
+    """Forecasts made online over a trace: block i at minute i x `every`, from earlier minutes."""
+
+    every: int
+    blocks: tuple[Mapping[str, Forecast], ...]
+
+    def at(self, minute: int) -> tuple[int, Mapping[str, Forecast]]:
+        """The latest block made at or before `minute`, and how many minutes old it is."""
+        block = min(minute // self.every, len(self.blocks) - 1)
+        return minute - block * self.every, self.blocks[block]
+
+
+def forecast_schedule(
+    counts: IntArray, functions: Sequence[str], *, every: int = 10, rechoose_every: int = 360
+) -> ForecastSchedule:
+    """Run the forecaster over the trace as the service would have, every `every` minutes."""
+    history = MinuteCounts()
+    forecaster = Forecaster(history)
+    blocks: list[Mapping[str, Forecast]] = []
+    seen = 0
+    first_choice = BACKTEST_WINDOWS * HORIZON_MINUTES  # the backtest needs this much history
+    for start in range(0, counts.shape[1], every):
+        for row, minute in zip(*np.nonzero(counts[:, seen:start])):
+            history.add(functions[row], seen + int(minute), int(counts[row, seen + minute]))
+        seen = start
+        if start >= first_choice and (start - first_choice) % rechoose_every == 0:
+            forecaster.choose(start, horizon=HORIZON_MINUTES)
+        blocks.append(forecaster.forecast(start, HORIZON_MINUTES) if start else {})
+    return ForecastSchedule(every=every, blocks=tuple(blocks))
+
+
+# The warm-memory budget: a tenth of the cluster's memory at its start; pre-pulls per minute.
+WARM_MEMORY_SHARE = 0.1
+PULLS_PER_MINUTE = 20
+
+
+def budget(cluster: ClusterSpec) -> Budget:
+    memory = sum(pool.count * pool.memory_bytes for pool in cluster.pools)
+    return Budget(warm_memory_bytes=int(WARM_MEMORY_SHARE * memory), pulls_per_minute=PULLS_PER_MINUTE)
+
+
+def function_states(workload: Workload, startup: StartupConfig) -> dict[str, FunctionState]:
+    """What the planner knows of each simulated function, as the service learns it live."""
+    median = DURATION_LEVELS.index(0.50)
+    startup_s = startup.scheduling_s + startup.container_start_s + startup.runtime_init_s
+    return {
+        spec.service: FunctionState(
+            function=spec.service,
+            priority=spec.priority,
+            memory_bytes=spec.memory_bytes,
+            cold_start_s=startup_s + spec.image_bytes / (DEFAULT_PULL_MIB_PER_S * MiB),
+            concurrency_target=spec.concurrency_target,
+            duration_s=float(workload.duration_ms[i, median]) / 1000.0,
+            pod=pod_request(spec),
+        )
+        for i, spec in enumerate(workload.functions)
+    }
+
+
+@dataclass
+class SimulatedPrewarm:
+    """The planner as the engine calls it each minute (`Prewarmer`)."""
+
+    schedule: ForecastSchedule
+    states: Mapping[str, FunctionState]
+    policy: PlacementPolicy
+    budget: Budget
+    pull: bool = True
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    _gaps: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 0)))
+    _gap_count: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _last: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _histograms: list[histogram.HybridHistogram] = field(default_factory=list)
+    _windows: list[tuple[float, float]] = field(default_factory=list)
+
+    def plan(self, minute: int, counts: IntArray, nodes: NodeTable) -> PrewarmPlan:
+        """The plan at the start of `minute`; `counts` holds every function's minutes so far."""
+        names = list(self.states)
+        if minute == 0:  # a new run: every function's idle periods, one row each
+            days = len(self.schedule.blocks) * self.schedule.every
+            self._gaps = np.zeros((len(names), days))
+            self._gap_count = np.zeros(len(names), dtype=np.int64)
+            self._last = np.full(len(names), -1, dtype=np.int64)
+            self._histograms = [histogram.HybridHistogram() for _ in names]
+            self._windows = [_windows(h) for h in self._histograms]
+        else:
+            invoked = np.flatnonzero(counts[:, minute - 1])
+            seen = invoked[self._last[invoked] >= 0]
+            self._gaps[seen, self._gap_count[seen]] = minute - 1 - self._last[seen]
+            for row in seen.tolist():  # the hybrid windows after this very invocation
+                self._histograms[row].observe(self._gaps[row, self._gap_count[row]])
+                self._windows[row] = _windows(self._histograms[row])
+            self._gap_count[seen] += 1
+            self._last[invoked] = minute - 1
+        age, block = self.schedule.at(minute)
+        forecasts = {}
+        for row, name in enumerate(names):
+            made = block.get(name)
+            if made is None:
+                continue
+            idle = None
+            if self._last[row] >= 0:
+                gaps = self._gaps[row, : self._gap_count[row]]
+                elapsed = minute - int(self._last[row])
+                idle = idletimes.within_after(gaps, elapsed, HORIZON_MINUTES, self._windows[row])
+            forecasts[name] = made.later(age, p_within_idle=idle)
+        budget = self.budget if self.pull else Budget(self.budget.warm_memory_bytes, pulls_per_minute=0)
+        return plan(minute, forecasts, self.states, nodes, budget, policy=self.policy, settings=self.settings)
+
+
+def _windows(function: histogram.HybridHistogram) -> tuple[float, float]:
+    windows = function.windows()
+    return windows.prewarm_minutes, windows.keepalive_minutes
