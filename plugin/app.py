@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from functools import partial
@@ -23,15 +24,22 @@ from forecaster import history
 from forecaster.forecasting import Forecaster
 from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
 from plugin import events, informer, kube, objectfiles, wire
+from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
+from plugin.emitter import Emitter
 from plugin.errors import BadRequest
 from plugin.events import EventSink
 from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
 from plugin.forecasts import ForecastLoop
+from plugin.functions import FunctionCatalog
 from plugin.informer import WatchSettings
-from plugin.keys import CACHE, EVENTS, EXTENDER, FORECASTS, SETTINGS
+from plugin.keys import CACHE, EVENTS, EXTENDER, FORECASTS, PREWARM, SETTINGS
+from plugin.leader import LeaderElector
+from plugin.prewarm_loop import PrewarmLoop
+from plugin.prewarming import Prepuller, RevisionActuator
 from plugin.settings import Settings
 from policies import registry
+from prewarm.planning import Budget, PlannerSettings, plan_json
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +88,8 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     if api is not None:
         follow_triggers = partial(informer.follow, kube.triggers(api), sink.triggers, watch)
         app.cleanup_ctx.append(_background(follow_triggers, "triggers"))
+        if settings.prewarm.enabled:
+            _prewarming(app, api, settings, watch)
     app.add_routes(
         [
             web.post(f"{EXTENDER_PREFIX}/filter", _filter),
@@ -91,10 +101,59 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
             web.post("/events", _events),
             web.post("/", _events),
             web.get("/debug/functions", _functions),
+            web.get("/debug/prewarm", _prewarm_plan),
             web.get("/debug/functions/{namespace}/{service}", _function),
         ]
     )
     return app
+
+
+def _prewarming(app: web.Application, api: ApiClient, settings: Settings, watch: WatchSettings) -> None:
+    """Services and Knative's image cache objects watched into a catalog, a Lease, and the
+    plan-every-minute loop that the leader applies (restoring what it changed when the app
+    stops)."""
+    config, timeout = settings.prewarm, settings.kube.request_timeout_s
+    sink, cache, forecasts = app[EVENTS], app[CACHE], app[FORECASTS]
+    catalog = FunctionCatalog(observed=lambda f: sink.lifecycle.cold_starts_s.get(f, []))
+    elector = LeaderElector(
+        api,
+        namespace=config.namespace,
+        name=config.lease,
+        me=config.identity or socket.gethostname(),
+        timeout_s=timeout,
+    )
+    actuator = RevisionActuator(api, timeout_s=timeout, shadow=config.shadow)
+    loop = app[PREWARM] = PrewarmLoop(
+        catalog=catalog,
+        forecasts=lambda: forecasts.latest,
+        nodes=lambda: cache.snapshot.nodes,
+        policy=lambda: app[EXTENDER].loaded.policy,
+        actuator=actuator,
+        prepuller=Prepuller(api, namespace=config.namespace, timeout_s=timeout, shadow=config.shadow),
+        budget=Budget(int(config.warm_memory_gib * (1 << 30)), config.pulls_per_minute),
+        leading=lambda: elector.leading,
+        clock=time.time,
+        settings=PlannerSettings(window_minutes=config.window_minutes),
+        emitter=Emitter(config.sink) if config.sink else None,
+        forecast_context=lambda: forecasts.context,
+    )
+
+    async def plan_forever() -> None:
+        if not config.shadow:
+            supported, found = await serving_supports_revision_min_scale(api, timeout_s=timeout)
+            logger.log(logging.INFO if supported else logging.WARNING, "prewarm: %s", found)
+            actuator.shadow = loop.prepuller.shadow = not supported
+        await loop.run()
+
+    for collection, store in (
+        (kube.services(api), catalog.services),
+        (kube.knative_images(api), catalog.images),
+    ):
+        follow = partial(informer.follow, collection, store, watch)
+        app.cleanup_ctx.append(_background(follow, collection.name))
+    app.cleanup_ctx.append(_background(elector.run, "leader-election"))
+    keep = config.keep_on_shutdown
+    app.cleanup_ctx.append(_background(plan_forever, "prewarm", then=partial(loop.shutdown, keep=keep)))
 
 
 def _event_sink(settings: Settings) -> EventSink:
@@ -135,6 +194,24 @@ def _background(
 async def _events(request: web.Request) -> web.Response:
     return await events.receive(
         request, request.app[EVENTS], max_body=request.app[SETTINGS].history.events_max_body_bytes
+    )
+
+
+async def _prewarm_plan(request: web.Request) -> web.Response:
+    """The latest prewarm plan with its reasons (the shadow mode's record)."""
+    loop = request.app.get(PREWARM)
+    if loop is None:
+        return web.json_response(
+            {"Error": "prewarming is off (offline mode or KDRL_PREWARM=false)"}, status=404
+        )
+    latest = loop.latest
+    return web.json_response(
+        {
+            "shadow": loop.actuator.shadow,
+            "leader": loop.leading(),
+            "warmed": sorted(loop.warmed),
+            "plan": None if latest is None else plan_json(latest),
+        }
     )
 
 

@@ -1,8 +1,9 @@
 """`kdrl cleanup` and the Serving version gate: undo every change, from the objects themselves.
 
-Cleanup lists every Revision, restores those that carry the plugin's records
-(`prewarm.actuation`), and needs nothing the plugin kept in memory or on disk, so it works
-after the plugin is gone. Revisions a human edited meanwhile are reported and left alone.
+Cleanup deletes the plugin's pre-pull pods (by their label), lists every Revision, restores
+those that carry the plugin's records (`prewarm.actuation`), and needs nothing the plugin kept
+in memory or on disk, so it works after the plugin is gone. Revisions a human edited meanwhile
+are reported and left alone.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from kubernetes.aio.client import ApiClient
 from plugin import kube
 from plugin.errors import KubeApiError
 from plugin.prewarming import RevisionActuator
-from prewarm import actuation
+from prewarm import actuation, prepull
 
 logger = logging.getLogger(__name__)
 MIN_SERVING = (1, 21)  # min-scale on a Revision syncs to its PodAutoscaler in place from here
@@ -26,10 +27,20 @@ MIN_SERVING = (1, 21)  # min-scale on a Revision syncs to its PodAutoscaler in p
 class CleanupReport:
     restored: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)  # with why
+    deleted_pods: list[str] = field(default_factory=list)  # pre-pull pods
 
 
-async def cleanup(api: ApiClient, *, timeout_s: float) -> CleanupReport:
+async def cleanup(
+    api: ApiClient, *, timeout_s: float, namespace: str = kube.PLUGIN_NAMESPACE
+) -> CleanupReport:
+    """Restore every revision the plugin changed and delete its pre-pull pods in `namespace`."""
     report = CleanupReport()
+    selector = f"{prepull.PREPULL_LABEL}=true"
+    pods, _ = await kube.list_objects(kube.labelled_pods(api, namespace, selector), timeout_s=timeout_s)
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        await kube.delete_pod(api, namespace=namespace, name=name, timeout_s=timeout_s)
+        report.deleted_pods.append(f"{namespace}/{name}")
     items, _ = await kube.list_objects(kube.revisions(api), timeout_s=timeout_s)
     actuator = RevisionActuator(api, timeout_s=timeout_s, shadow=False)
     for revision in items:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -99,23 +100,27 @@ def _parser() -> argparse.ArgumentParser:
     undo.add_argument("--kube-api-url", help="API server URL (default: in-cluster, else kubeconfig)")
     undo.add_argument("--kubeconfig", type=Path, help="kubeconfig file")
     undo.add_argument("--timeout-s", type=float, default=10.0, help="per request")
+    undo.add_argument(
+        "--namespace", default=kube.PLUGIN_NAMESPACE, help="the plugin's namespace (pre-pull pods)"
+    )
     undo.set_defaults(run=_cleanup)
     return parser
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    """Restore every Revision's own min-scale from the records the plugin left on it (works
-    after the plugin is gone); revisions a human has edited since are listed and left alone."""
+    """Restore every Revision's own min-scale from the records the plugin left on it and delete
+    its pre-pull pods (works after the plugin is gone); revisions a human has edited since are
+    listed and left alone."""
 
     async def run() -> cleanup.CleanupReport:
         api = await kube.connect(api_url=args.kube_api_url, kubeconfig=args.kubeconfig)
         try:
-            return await cleanup.cleanup(api, timeout_s=args.timeout_s)
+            return await cleanup.cleanup(api, timeout_s=args.timeout_s, namespace=args.namespace)
         finally:
             await api.close()
 
     report = asyncio.run(run())
-    print(json.dumps({"restored": report.restored, "left": report.left}, indent=2))
+    print(json.dumps(dataclasses.asdict(report), indent=2))
     return 0
 
 

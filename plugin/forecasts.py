@@ -12,9 +12,12 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from opentelemetry import trace
+
 from forecaster.forecasting import Forecast, Forecaster
 
 logger = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 
 HORIZON_MINUTES = 30
 
@@ -26,13 +29,19 @@ class ForecastLoop:
     interval_s: float = 60.0
     rechoose_s: float = 3600.0
     latest: Mapping[str, Forecast] = field(default_factory=dict)
+    context: trace.SpanContext | None = None  # the span of the latest forecast, for plans to link
 
     def cycle(self, choose: bool) -> Mapping[str, Forecast]:
         """One cycle, synchronously: optionally re-run the backtest, then forecast."""
         end = int(self.clock() // 60) + 1
-        if choose:
-            self.forecaster.choose(end, horizon=HORIZON_MINUTES)
-        self.latest = self.forecaster.forecast(end, horizon=HORIZON_MINUTES)
+        with tracer.start_as_current_span("kdrl.forecast") as span:
+            if choose:
+                self.forecaster.choose(end, horizon=HORIZON_MINUTES)
+            self.latest = self.forecaster.forecast(end, horizon=HORIZON_MINUTES)
+            span.set_attributes(
+                {"kdrl.forecast.functions": len(self.latest), "kdrl.forecast.rechosen": choose}
+            )
+            self.context = span.get_span_context()
         return self.latest
 
     async def run(self) -> None:

@@ -8,6 +8,7 @@ from plugin.cluster import ClusterCache
 from plugin.events import EventSink
 from plugin.extender import Extender
 from plugin.forecasts import ForecastLoop
+from plugin.prewarm_loop import PrewarmLoop
 from plugin.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -15,3 +16,4 @@ CACHE = web.AppKey("cache", ClusterCache)
 EXTENDER = web.AppKey("extender", Extender)
 EVENTS = web.AppKey("events", EventSink)
 FORECASTS = web.AppKey("forecasts", ForecastLoop)
+PREWARM = web.AppKey("prewarm", PrewarmLoop)

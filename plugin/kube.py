@@ -193,6 +193,19 @@ async def serving_version(api: client.ApiClient, *, timeout_s: float) -> str:
     return str(labels.get("app.kubernetes.io/version") or labels.get("serving.knative.dev/release") or "")
 
 
+@api_call("caching.internal.knative.dev", "images", "list", "watch")
+def knative_images(api: client.ApiClient) -> Collection:
+    """Knative's image cache objects: one per revision container, the image by digest."""
+    lister = client.CustomObjectsApi(api).list_cluster_custom_object
+    return Collection("images", lister, ("caching.internal.knative.dev", "v1alpha1", "images"))
+
+
+@api_call("serving.knative.dev", "services", "list", "watch")
+def services(api: client.ApiClient) -> Collection:
+    lister = client.CustomObjectsApi(api).list_cluster_custom_object
+    return Collection("services", lister, ("serving.knative.dev", "v1", "services"))
+
+
 @api_call("serving.knative.dev", "services", "get")
 async def get_service(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
     """A Knative Service (its `status.traffic` names the routed revisions)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from plugin import kube
 from plugin.errors import SettingsError
 from policies import registry
 
@@ -149,6 +150,62 @@ class PolicySettings:
     threads: int = _setting(1, "KDRL_MODEL_THREADS", "ONNX Runtime intra-op threads.", check=_positive)
 
 
+def _not_negative(value: float) -> str | None:
+    return None if value >= 0 else "must be 0 or more"
+
+
+@dataclass(frozen=True)
+class PrewarmSettings:
+    enabled: bool = _setting(
+        True,
+        "KDRL_PREWARM",
+        "Plan prewarming every minute (watching an API server only; offline it never runs).",
+    )
+    shadow: bool = _setting(
+        False,
+        "KDRL_SHADOW",
+        "Shadow mode: plan and record (spans, /debug/prewarm), change nothing in the cluster.",
+        flag="--shadow",
+    )
+    keep_on_shutdown: bool = _setting(
+        False,
+        "KDRL_PREWARM_KEEP_ON_SHUTDOWN",
+        "Leave warm replicas in place on a clean shutdown (default: restore them).",
+    )
+    warm_memory_gib: float = _setting(
+        64.0,
+        "KDRL_PREWARM_WARM_MEMORY_GIB",
+        "Budget of memory held warm by prewarming, GiB; the highest value per byte wins.",
+        check=_not_negative,
+    )
+    pulls_per_minute: int = _setting(
+        10,
+        "KDRL_PREWARM_PULLS_PER_MINUTE",
+        "Image pre-pulls started per minute at most.",
+        check=_not_negative,
+    )
+    window_minutes: int = _setting(
+        10,
+        "KDRL_PREWARM_WINDOW_MINUTES",
+        "How long warm replicas last unless the next plan renews them, minutes.",
+        check=_positive,
+    )
+    namespace: str = _setting(
+        kube.PLUGIN_NAMESPACE,
+        "KDRL_NAMESPACE",
+        "The plugin's namespace: its leader-election Lease and the pre-pull pods live here.",
+    )
+    lease: str = _setting("kdrl-prewarm", "KDRL_LEASE_NAME", "The Lease that decides which replica actuates.")
+    identity: str = _setting(
+        "",
+        "KDRL_POD_NAME",
+        "This replica's name in the Lease (the manifests set the pod name; default: host name).",
+    )
+    sink: str = _setting(
+        "", "K_SINK", "CloudEvents sink for applied changes (a SinkBinding sets it).", flag="--sink"
+    )
+
+
 @dataclass(frozen=True)
 class LogSettings:
     level: str = _setting(
@@ -168,6 +225,7 @@ class Settings:
     kube: KubeSettings = field(default_factory=KubeSettings)
     policy: PolicySettings = field(default_factory=PolicySettings)
     history: HistorySettings = field(default_factory=HistorySettings)
+    prewarm: PrewarmSettings = field(default_factory=PrewarmSettings)
     log: LogSettings = field(default_factory=LogSettings)
 
     @property
@@ -180,6 +238,7 @@ GROUPS: tuple[tuple[str, type[Any]], ...] = (
     ("kube", KubeSettings),
     ("policy", PolicySettings),
     ("history", HistorySettings),
+    ("prewarm", PrewarmSettings),
     ("log", LogSettings),
 )
 
@@ -188,11 +247,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One option per setting (by default named after its environment key), default 'not given'."""
     for title, group_class in GROUPS:
         group = parser.add_argument_group(f"{title} settings")
+        hints = typing.get_type_hints(group_class)
         for f in dataclasses.fields(group_class):
             meta = f.metadata
             help_text = f"{meta['help']} [env {meta['env']}; default {f.default}]"
+            # A yes/no setting's flag alone means yes (`--shadow`); `--shadow false` works too.
+            switch: dict[str, Any] = {"nargs": "?", "const": "true"} if hints[f.name] is bool else {}
             group.add_argument(
-                meta["flag"], dest=meta["env"], default=None, help=help_text, choices=meta["choices"] or None
+                meta["flag"],
+                dest=meta["env"],
+                default=None,
+                help=help_text,
+                choices=meta["choices"] or None,
+                **switch,
             )
 
 

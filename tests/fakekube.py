@@ -106,6 +106,7 @@ class FakeKube:
         app.router.add_get(serving + "/revisions/{name}", self._get("revisions"))
         app.router.add_patch(serving + "/revisions/{name}", self._merge_patch("revisions"))
         app.router.add_get("/apis/serving.knative.dev/v1/revisions", self._collection("revisions"))
+        app.router.add_get("/apis/serving.knative.dev/v1/services", self._collection("services"))
         app.router.add_get(
             "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", self._get("deployments")
         )

@@ -14,6 +14,7 @@ from plugin import cleanup, cli
 from plugin.errors import KubeApiError
 from plugin.prewarming import RevisionActuator, routed_revisions
 from prewarm import actuation as act
+from prewarm import prepull
 from tests.conftest import api_client
 from tests.fakekube import FakeKube
 
@@ -186,7 +187,13 @@ async def test_cleanup_command(
 ) -> None:
     fake, actuator = cluster
     await actuator.warm("shop/hello", 2, UNTIL)
+    target = prepull.Target(node="node-a", image="registry.example.com/shop/hello:1")
+    await fake.add("pods", prepull.pod(target, namespace="kdrl-system"))
+    await fake.add("pods", {"metadata": {"name": "someone-else", "namespace": "kdrl-system"}})
     code = await asyncio.to_thread(cli.main, ["cleanup", "--kube-api-url", fake_kube[1]])
     assert code == 0
-    assert json.loads(capsys.readouterr().out)["restored"] == ["shop/hello-00002", "shop/hello-00003"]
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["restored"] == ["shop/hello-00002", "shop/hello-00003"]
+    assert printed["deleted_pods"] == [f"kdrl-system/{prepull.pod_name(target)}"]
+    assert list(fake.objects["pods"]) == ["kdrl-system/someone-else"]  # not ours: left alone
     assert act.APPLIED not in annotations(fake, "hello-00002")

@@ -1,0 +1,155 @@
+"""What the planner knows of each function, from the Knative Services the plugin watches.
+
+A Service's revision template says what its next pod requests (the same conversion as for
+pods), its priority (`kdrl.dev/priority`), whether its author opted out of prewarming
+(`kdrl.dev/prewarm: "false"`), its own `min-scale`, and its concurrency target. The observed
+cold starts (pod creation to Ready, from the ApiServerSource events) replace the default
+estimate once there are some.
+
+Images come from Knative's own image cache objects (`images.caching.internal.knative.dev`,
+one per container of each revision, named `<revision>-cache-<container>`): they carry the
+image as Knative resolved it, by digest, which is what a node reports once it holds it. Upstream
+nothing acts on them; here they name what the planner's pre-pulls fetch for the routed revision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from plugin import convert
+from plugin.errors import ObjectError
+from policies.types import PodRequest
+from prewarm.actuation import author_min_scale
+from prewarm.planning import FunctionState
+
+logger = logging.getLogger(__name__)
+Obj = Mapping[str, Any]
+
+PREWARM_ANNOTATION = "kdrl.dev/prewarm"
+TARGET_ANNOTATION = "autoscaling.knative.dev/target"
+DEFAULT_CONCURRENCY_TARGET = 100.0  # Knative's container-concurrency-target-default
+DEFAULT_COLD_START_S = 5.0  # until one is observed: the pod-startup SLO without a pull
+DEFAULT_DURATION_S = 1.0
+
+
+def function_state(
+    service: Obj,
+    observed_cold_starts_s: Sequence[float] = (),
+    cached_images: Mapping[str, str] | None = None,
+) -> FunctionState | None:
+    """The planner's view of one Knative Service, or None when its template is unusable.
+
+    `cached_images`: Knative image cache objects by name (`<revision>-cache-<container>`) to
+    image; the routed revision's replace the template's images where present."""
+    meta = service.get("metadata") or {}
+    namespace, name = meta.get("namespace") or "default", meta.get("name")
+    template = (service.get("spec") or {}).get("template") or {}
+    template_meta = template.get("metadata") or {}
+    annotations = {**(meta.get("annotations") or {}), **(template_meta.get("annotations") or {})}
+    if not isinstance(name, str):
+        return None
+    function = f"{namespace}/{name}"
+    pod_object = {
+        "metadata": {
+            "namespace": namespace,
+            "name": f"{name}-next",
+            "labels": {convert.SERVICE_LABEL: name},
+            "annotations": annotations,
+        },
+        "spec": template.get("spec") or {},
+    }
+    try:
+        pod = convert.pod_request(pod_object)
+    except ObjectError as error:
+        logger.warning("service %s: unusable template (%s); not prewarmed", function, error)
+        return None
+    spec = template.get("spec") or {}
+    pod = _resolved(pod, service, spec, cached_images or {})
+    return FunctionState(
+        function=function,
+        priority=pod.priority,
+        memory_bytes=pod.memory_bytes_nonzero,
+        cold_start_s=statistics.median(observed_cold_starts_s)
+        if observed_cold_starts_s
+        else DEFAULT_COLD_START_S,
+        concurrency_target=_concurrency_target(annotations, spec),
+        duration_s=DEFAULT_DURATION_S,
+        pod=pod,
+        prewarm_allowed=str(annotations.get(PREWARM_ANNOTATION, "true")).strip().lower() != "false",
+        author_min_scale=author_min_scale(annotations),
+    )
+
+
+def _resolved(pod: PodRequest, service: Obj, spec: Obj, cached: Mapping[str, str]) -> PodRequest:
+    """The pod with its images as Knative resolved them for the first routed revision."""
+    traffic = (service.get("status") or {}).get("traffic") or []
+    routed = next((t.get("revisionName") for t in traffic if (t.get("percent") or 0) > 0), None)
+    containers = spec.get("containers") or []
+    if not routed or not isinstance(containers, list):
+        return pod
+    names = [(c.get("name") or "user-container") if isinstance(c, Mapping) else "" for c in containers]
+    digests = [cached.get(f"{routed}-cache-{name}") for name in names]
+    if not all(digests) or len(digests) != len(pod.images):
+        return pod  # not cached (yet), or init containers in the way: keep the template's
+    return dataclasses.replace(pod, images=tuple(convert.normalize_image(str(d)) for d in digests))
+
+
+def _concurrency_target(annotations: Mapping[str, str], spec: Obj) -> float:
+    """`autoscaling.knative.dev/target`, else the hard `containerConcurrency`, else the default."""
+    for raw in (annotations.get(TARGET_ANNOTATION), spec.get("containerConcurrency")):
+        try:
+            value = float(raw) if raw is not None else 0.0
+        except (TypeError, ValueError):
+            continue
+        if value > 0:
+            return value
+    return DEFAULT_CONCURRENCY_TARGET
+
+
+class Objects:
+    """Objects of one kind by `namespace/name`, kept by an informer (`informer.Handler`)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, Obj] = {}
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self.items = {_key(o): o for o in items}
+
+    def apply(self, type_: str, obj: dict[str, Any]) -> None:
+        if type_ == "DELETED":
+            self.items.pop(_key(obj), None)
+        else:
+            self.items[_key(obj)] = obj
+
+    def live(self, live: bool) -> None:
+        """The last view holds while the API server is away."""
+
+
+class FunctionCatalog:
+    """Knative Services and Knative's image cache objects, as the planner's function states."""
+
+    def __init__(self, observed: Callable[[str], Sequence[float]] = lambda _: ()) -> None:
+        self.services, self.images = Objects(), Objects()
+        self.observed = observed  # observed cold starts per function, seconds
+
+    def states(self) -> dict[str, FunctionState]:
+        cached: dict[str, dict[str, str]] = {}  # namespace -> image object name -> image
+        for key, image in self.images.items.items():
+            namespace, _, name = key.partition("/")
+            cached.setdefault(namespace, {})[name] = str((image.get("spec") or {}).get("image") or "")
+        out = {}
+        for function, service in self.services.items.items():
+            namespace = function.partition("/")[0]
+            state = function_state(service, self.observed(function), cached.get(namespace, {}))
+            if state is not None:
+                out[function] = state
+        return out
+
+
+def _key(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"

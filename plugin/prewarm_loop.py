@@ -1,0 +1,134 @@
+"""The prewarm cycle of the service: plan every minute, and let the leader apply the plan.
+
+Every replica plans (so `/debug/prewarm` shows the same reasoning everywhere); only the
+replica holding the Lease changes anything, and in shadow mode none does. Applying a plan
+means: hold each warm entry's replicas on the function's routed revisions until the entry
+expires, restore the functions this replica warmed that the plan no longer holds, and run the
+pre-pulls. A failing API server costs a logged cycle and a growing pause (never a tight loop);
+on a clean shutdown the functions this replica warmed are restored unless told to keep them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from opentelemetry import trace
+
+from forecaster.forecasting import Forecast
+from plugin.emitter import Emitter
+from plugin.errors import KubeApiError
+from plugin.functions import FunctionCatalog
+from plugin.informer import Backoff
+from plugin.prewarming import Applied, Prepuller, RevisionActuator
+from policies.placement import PlacementPolicy
+from policies.types import NodeTable
+from prewarm import prepull
+from prewarm.planning import Budget, PlannerSettings, PrewarmPlan, plan
+
+logger = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+
+@dataclass
+class PrewarmLoop:
+    catalog: FunctionCatalog
+    forecasts: Callable[[], Mapping[str, Forecast]]
+    nodes: Callable[[], NodeTable]
+    policy: Callable[[], PlacementPolicy]
+    actuator: RevisionActuator
+    prepuller: Prepuller
+    budget: Budget
+    leading: Callable[[], bool]
+    clock: Callable[[], float]
+    settings: PlannerSettings = field(default_factory=PlannerSettings)
+    emitter: Emitter | None = None
+    forecast_context: Callable[[], trace.SpanContext | None] = lambda: None
+    interval_s: float = 60.0
+    latest: PrewarmPlan | None = None
+    warmed: set[str] = field(default_factory=set)  # functions this replica holds warm
+
+    async def cycle(self) -> PrewarmPlan:
+        """Plan, and apply when this replica leads."""
+        forecast = self.forecast_context()
+        links = [trace.Link(forecast)] if forecast is not None and forecast.is_valid else []
+        with tracer.start_as_current_span("kdrl.prewarm.plan", links=links) as span:
+            decided = plan(
+                int(self.clock() // 60),
+                self.forecasts(),
+                self.catalog.states(),
+                self.nodes(),
+                self.budget,
+                policy=self.policy(),
+                settings=self.settings,
+            )
+            self.latest = decided
+            leading = self.leading()
+            span.set_attributes(
+                {
+                    "kdrl.prewarm.warm": len(decided.warm),
+                    "kdrl.prewarm.pulls": len(decided.pulls),
+                    "kdrl.prewarm.skipped": len(decided.skipped),
+                    "kdrl.prewarm.leader": leading,
+                    "kdrl.shadow": self.actuator.shadow,
+                }
+            )
+            if leading:
+                await self._apply(decided)
+        return decided
+
+    async def _apply(self, decided: PrewarmPlan) -> None:
+        for entry in decided.warm:
+            until = datetime.fromtimestamp(entry.expires_minute * 60, UTC)
+            for applied in await self.actuator.warm(entry.function, entry.replicas, until):
+                await self._emit("warm", applied, {"replicas": entry.replicas, "until": until.isoformat()})
+            self.warmed.add(entry.function)
+        for function in sorted(self.warmed - {e.function for e in decided.warm}):
+            await self.restore(function)
+        targets = [prepull.Target(node=p.node, image=p.image) for p in decided.pulls]
+        for applied in await self.prepuller.ensure(targets):
+            await self._emit("prepull", applied, {})
+        await self.prepuller.sweep()
+
+    async def restore(self, function: str) -> None:
+        for applied in await self.actuator.restore(function):
+            await self._emit("restore", applied, {})
+        self.warmed.discard(function)
+
+    async def _emit(self, kind: str, applied: Applied, data: Mapping[str, object]) -> None:
+        if self.emitter is not None and applied.patched:
+            await self.emitter.emit(kind, applied.revision, {**data, "reason": applied.reason})
+
+    async def run(self) -> None:
+        backoff = Backoff(self.interval_s, 10 * self.interval_s)
+        while True:
+            pause = self.interval_s
+            try:
+                await self.cycle()
+                backoff.reset()
+            except KubeApiError as error:  # the API server refused or timed out: wait longer
+                pause = backoff.next()
+                logger.warning("prewarm cycle failed (%s); next try in %.0f s", error, pause)
+            except Exception:
+                pause = backoff.next()
+                logger.exception("prewarm cycle failed; next try in %.0f s", pause)
+            await asyncio.sleep(pause)
+
+    async def shutdown(self, *, keep: bool) -> None:
+        """Restore what this replica warmed (unless `keep`); errors are logged, not raised."""
+        if keep:
+            if self.warmed:
+                logger.info(
+                    "keeping %d functions warm on shutdown (kdrl cleanup undoes it)", len(self.warmed)
+                )
+            return
+        for function in sorted(self.warmed):
+            try:
+                await self.restore(function)
+            except Exception as error:
+                logger.warning("could not restore %s on shutdown (%s); run kdrl cleanup", function, error)
+        if self.emitter is not None:
+            await self.emitter.close()

@@ -1,0 +1,192 @@
+"""The service's prewarm cycle against the fake API server: plan, lead, apply, undo."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from forecaster.forecasting import Forecast
+from plugin.errors import KubeApiError
+from plugin.functions import FunctionCatalog, function_state
+from plugin.prewarm_loop import PrewarmLoop
+from plugin.prewarming import Prepuller, RevisionActuator
+from policies import heuristics
+from policies.types import Node, NodeTable, Priority
+from prewarm import actuation as act
+from prewarm.planning import Budget
+from tests.conftest import api_client
+from tests.fakekube import FakeKube
+
+GiB = 1 << 30
+IMAGE = "registry.example.com/shop/hello@sha256:abc"
+NOW = 1_800_000_000.0  # a fixed clock
+
+
+def knative_service(**annotations: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.knative.dev/v1",
+        "kind": "Service",
+        "metadata": {"name": "hello", "namespace": "shop"},
+        "spec": {
+            "template": {
+                "metadata": {"annotations": {"kdrl.dev/priority": "high", **annotations}},
+                "spec": {
+                    "containerConcurrency": 10,
+                    "containers": [
+                        {"image": IMAGE, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}}}
+                    ],
+                },
+            }
+        },
+        "status": {"traffic": [{"revisionName": "hello-00002", "percent": 100}]},
+    }
+
+
+def likely(function: str = "shop/hello") -> Forecast:
+    horizon = 30
+    return Forecast(
+        function=function,
+        start_minute=int(NOW // 60),
+        expected=np.full(horizon, 2.0),
+        p_invoked=np.full(horizon, 0.9),
+        p_within=np.full(horizon, 0.95),
+        prewarm_minutes=0.0,
+        keepalive_minutes=10.0,
+        model="SeasonalNaive60",
+        relative_mae=None,
+    )
+
+
+NODES = NodeTable.from_nodes([Node(name="node-a", cpu_allocatable=4000, memory_allocatable=16 * GiB)])
+
+
+@pytest.fixture
+async def setup(fake_kube: tuple[FakeKube, str]) -> AsyncIterator[tuple[FakeKube, dict[str, Any]]]:
+    fake, url = fake_kube
+    await fake.add("services", knative_service())
+    await fake.add(
+        "revisions",
+        {"metadata": {"name": "hello-00002", "namespace": "shop", "annotations": {"team": "shop"}}},
+    )
+    api = api_client(url)
+    state: dict[str, Any] = {"forecasts": {"shop/hello": likely()}, "leading": True}
+    yield fake, {"api": api, "state": state}
+    await api.close()
+
+
+def loop(env: dict[str, Any], *, shadow: bool = False) -> PrewarmLoop:
+    api, state = env["api"], env["state"]
+    catalog = FunctionCatalog()
+    catalog.services.replace([knative_service()])
+    return PrewarmLoop(
+        catalog=catalog,
+        forecasts=lambda: state["forecasts"],
+        nodes=lambda: NODES,
+        policy=heuristics.kube_default,
+        actuator=RevisionActuator(api, timeout_s=2.0, shadow=shadow),
+        prepuller=Prepuller(api, namespace="kdrl-system", timeout_s=2.0, shadow=shadow),
+        budget=Budget(warm_memory_bytes=8 * GiB, pulls_per_minute=5),
+        leading=lambda: state["leading"],
+        clock=lambda: NOW,
+        interval_s=0.01,
+    )
+
+
+def min_scale(fake: FakeKube) -> str | None:
+    return fake.objects["revisions"]["shop/hello-00002"]["metadata"]["annotations"].get(act.MIN_SCALE)
+
+
+def test_a_knative_service_becomes_the_planners_function_state() -> None:
+    state = function_state(knative_service(), observed_cold_starts_s=[3.0, 4.0, 9.0])
+    assert state is not None
+    assert (state.function, state.priority, state.memory_bytes) == ("shop/hello", Priority.HIGH, 512 << 20)
+    assert state.cold_start_s == 4.0 and state.concurrency_target == 10.0
+    assert state.pod.images == (IMAGE,) and state.prewarm_allowed
+    opted_out = function_state(knative_service(**{"kdrl.dev/prewarm": "false", act.MIN_SCALE: "2"}))
+    assert opted_out is not None and not opted_out.prewarm_allowed and opted_out.author_min_scale == 2
+    assert function_state({"metadata": {}}) is None
+
+
+async def test_the_leader_warms_pulls_and_restores_when_the_plan_lets_go(
+    setup: tuple[FakeKube, dict[str, Any]],
+) -> None:
+    fake, env = setup
+    cycle = loop(env)
+    decided = await cycle.cycle()
+    assert [w.function for w in decided.warm] == ["shop/hello"]
+    assert min_scale(fake) == "1"  # the author set none: one warm replica
+    pods = list(fake.objects["pods"].values())
+    assert [p["spec"]["nodeName"] for p in pods] == ["node-a"]  # the image pre-pulled where it lands
+    assert pods[0]["metadata"]["namespace"] == "kdrl-system"
+
+    env["state"]["forecasts"] = {}  # nothing expected any more: the plan lets go
+    await cycle.cycle()
+    assert cycle.warmed == set()
+    assert fake.objects["revisions"]["shop/hello-00002"]["metadata"]["annotations"] == {"team": "shop"}
+
+
+async def test_followers_and_shadow_mode_plan_but_change_nothing(
+    setup: tuple[FakeKube, dict[str, Any]],
+) -> None:
+    fake, env = setup
+    env["state"]["leading"] = False
+    follower = loop(env)
+    assert (await follower.cycle()).warm and not fake.patches and not fake.objects["pods"]
+    env["state"]["leading"] = True
+    shadow = loop(env, shadow=True)
+    assert (await shadow.cycle()).warm and not fake.patches and not fake.objects["pods"]
+
+
+async def test_a_clean_shutdown_restores_unless_told_to_keep(setup: tuple[FakeKube, dict[str, Any]]) -> None:
+    fake, env = setup
+    kept = loop(env)
+    await kept.cycle()
+    await kept.shutdown(keep=True)
+    assert min_scale(fake) == "1"
+    restored = loop(env)
+    await restored.cycle()
+    await restored.shutdown(keep=False)
+    assert min_scale(fake) is None
+
+
+async def test_an_unreachable_api_server_backs_off_instead_of_spinning(
+    setup: tuple[FakeKube, dict[str, Any]],
+) -> None:
+    fake, env = setup
+    fake.outage = True
+    cycle = loop(env)
+    with pytest.raises(KubeApiError):
+        await cycle.cycle()
+    before = len(fake.requests)
+    task = asyncio.create_task(cycle.run())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    # Back-off doubles from 10 ms up to 100 ms: a handful of tries in 0.5 s, not hundreds.
+    assert 1 <= len(fake.requests) - before <= 15
+
+
+def test_knative_image_cache_objects_resolve_the_routed_revisions_images() -> None:
+    digest = "registry.example.com/shop/hello@sha256:0123"
+    catalog = FunctionCatalog()
+    catalog.services.replace([knative_service()])
+    catalog.images.replace(
+        [
+            {
+                "metadata": {"name": "hello-00002-cache-user-container", "namespace": "shop"},
+                "spec": {"image": digest},
+            },
+            {
+                "metadata": {"name": "hello-00001-cache-user-container", "namespace": "shop"},
+                "spec": {"image": "old"},
+            },
+        ]
+    )
+    assert catalog.states()["shop/hello"].pod.images == (digest,)  # the routed revision's, by digest
+    catalog.images.apply(
+        "DELETED", {"metadata": {"name": "hello-00002-cache-user-container", "namespace": "shop"}}
+    )
+    assert catalog.states()["shop/hello"].pod.images == (IMAGE,)  # not cached: the template's
