@@ -1,5 +1,6 @@
-"""The install manifests: they parse, kustomize lists them all, and RBAC grants exactly the
-calls the code registers (`plugin/kube.py` `API_CALLS`), no more and no less."""
+"""The install manifests: they parse and validate against the Kubernetes OpenAPI schema,
+kustomize lists them all, RBAC grants exactly the calls the code registers (`plugin/kube.py`
+`API_CALLS`), the scheduler reaches the plugin where it listens, and images are pinned."""
 
 from __future__ import annotations
 
@@ -7,28 +8,125 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
+import pytest
 import yaml
 
-from plugin import kube
+from plugin import app, kube, settings
 
 KNATIVE = Path(__file__).resolve().parent.parent / "knative"
 PLUGIN_ACCOUNT = ("kdrl-plugin", kube.PLUGIN_NAMESPACE)
+KUBERNETES = "1.36"  # the oldest minor the manifests target (the scheduler image's)
+# Custom resources have no schema in kubernetes-validate: their required fields are checked here.
+CUSTOM = {
+    ("eventing.knative.dev/v1", "Trigger"): ("broker", "subscriber"),
+    ("sources.knative.dev/v1", "ApiServerSource"): ("mode", "resources", "sink", "serviceAccountName"),
+    ("serving.knative.dev/v1", "Service"): ("template",),
+}
 
 Grant = tuple[str, str, str, str]  # (namespace or "", group, resource, verb)
 
 
-def documents() -> Iterator[dict[str, Any]]:
-    for path in sorted(KNATIVE.glob("*.yaml")):
+def documents(folder: Path = KNATIVE) -> Iterator[dict[str, Any]]:
+    for path in sorted(folder.glob("*.yaml")):
         if path.name != "kustomization.yaml":
             yield from (d for d in yaml.safe_load_all(path.read_text()) if d)
 
 
-def test_every_manifest_parses_and_is_listed() -> None:
-    kustomization = yaml.safe_load((KNATIVE / "kustomization.yaml").read_text())
-    files = {p.name for p in KNATIVE.glob("*.yaml")} - {"kustomization.yaml"}
+def every_document() -> list[dict[str, Any]]:
+    folders = (KNATIVE, KNATIVE / "eventing", KNATIVE / "examples")
+    return [d for folder in folders for d in documents(folder)]
+
+
+def find(kind: str, name: str) -> dict[str, Any]:
+    return next(d for d in documents() if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+@pytest.mark.parametrize("folder", [KNATIVE, KNATIVE / "eventing"])
+def test_every_manifest_parses_and_is_listed(folder: Path) -> None:
+    kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    files = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == files
-    for document in documents():
+    for document in documents(folder):
         assert {"apiVersion", "kind", "metadata"} <= set(document), document
+
+
+@pytest.mark.parametrize("document", every_document(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_every_object_validates_against_the_kubernetes_schema(document: dict[str, Any]) -> None:
+    custom = CUSTOM.get((document["apiVersion"], document["kind"]))
+    if custom is not None:
+        assert set(custom) <= set(document["spec"]), custom
+        return
+    kubernetes_validate.validate(document, KUBERNETES, strict=True)  # raises on any error
+
+
+def test_the_emptydir_overlay_still_validates() -> None:
+    overlay = yaml.safe_load((KNATIVE / "ephemeral-history" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../"]
+    statefulset = find("StatefulSet", "kdrl")
+    for op in yaml.safe_load(overlay["patches"][0]["patch"]):  # a JSON patch: apply it by hand
+        if op["op"] == "remove":
+            del statefulset["spec"]["volumeClaimTemplates"]
+        else:
+            statefulset["spec"]["template"]["spec"]["volumes"].append(op["value"])
+    kubernetes_validate.validate(statefulset, KUBERNETES, strict=True)
+    mounts = statefulset["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    volumes = {v["name"] for v in statefulset["spec"]["template"]["spec"]["volumes"]}
+    assert {m["name"] for m in mounts} <= volumes
+
+
+def test_the_scheduler_calls_the_plugin_where_it_listens() -> None:
+    config = yaml.safe_load(find("ConfigMap", "kdrl-scheduler-config")["data"]["config.yaml"])
+    (extender,) = config["extenders"]
+    service, plugin = find("Service", "kdrl"), find("StatefulSet", "kdrl")
+    port = service["spec"]["ports"][0]
+    container = plugin["spec"]["template"]["spec"]["containers"][0]
+    assert container["ports"][0]["containerPort"] == int(
+        find("ConfigMap", "kdrl-config")["data"]["KDRL_PORT"]
+    )
+    assert port["targetPort"] == container["ports"][0]["name"]
+    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
+    assert extender["urlPrefix"] == f"http://{host}:{port['port']}{app.EXTENDER_PREFIX}"
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+        "filter",
+        "prioritize",
+        "bind",
+    )
+    assert extender["nodeCacheCapable"] and extender["ignorable"] and extender["weight"] > 0
+    assert extender["httpTimeout"].endswith("s") and float(extender["httpTimeout"][:-1]) <= 5
+    assert config["leaderElection"]["resourceNamespace"] == kube.PLUGIN_NAMESPACE
+    assert config["leaderElection"]["resourceName"] != "kube-scheduler"  # never the cluster's lock
+    (profile,) = config["profiles"]
+    example = next(d for d in documents(KNATIVE / "examples") if d["kind"] == "Service")
+    assert profile["schedulerName"] == example["spec"]["template"]["spec"]["schedulerName"]
+    probes = {container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")}
+    assert probes == {"/readyz", "/healthz"}
+
+
+def test_every_setting_is_in_the_configmap() -> None:
+    env = {f.metadata["env"] for _, group in settings.GROUPS for f in group.__dataclass_fields__.values()}
+    given = {k for k in find("ConfigMap", "kdrl-config")["data"] if not k.startswith("OTEL_")}
+    container = find("StatefulSet", "kdrl")["spec"]["template"]["spec"]["containers"][0]
+    from_pod = {e["name"] for e in container["env"]}  # the pod's own name, numba's cache
+    assert given | (from_pod & env) | {"K_SINK"} == env  # K_SINK: a SinkBinding injects it
+    assert not given & from_pod
+
+
+def test_images_are_pinned_and_the_containers_locked_down() -> None:
+    kustomization = yaml.safe_load((KNATIVE / "kustomization.yaml").read_text())
+    pinned = {i["name"]: i["newTag"] for i in kustomization["images"]}
+    for document in documents():
+        if document["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        pod = document["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]
+        for container in pod["containers"]:
+            name, _, tag = container["image"].rpartition(":")
+            assert tag not in ("", "latest") and pinned[name] == tag
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] and context["capabilities"]["drop"] == ["ALL"]
+            assert not context["allowPrivilegeEscalation"]
+            assert container["resources"]["requests"] and container["resources"]["limits"]
 
 
 def granted() -> set[Grant]:
