@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from kubernetes.aio.client import ApiClient
 from opentelemetry import trace
@@ -152,7 +152,7 @@ class Prepuller:
         )
         removed = []
         for obj in pods:
-            if not prepull.finished(obj):
+            if not prepull.finished(obj, datetime.now(UTC)):
                 continue
             if (obj.get("status") or {}).get("phase") != "Succeeded":
                 self.stuck += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 NOOP_IMAGE = "busybox:1.37.0"  # statically linked: its binary runs in any image
@@ -90,15 +91,27 @@ def pod(target: Target, *, namespace: str, pull_secrets: tuple[str, ...] = ()) -
     }
 
 
-def finished(obj: dict[str, Any]) -> bool:
-    """Done with: succeeded, failed (the deadline included), or stuck pulling."""
+def finished(obj: dict[str, Any], now: datetime) -> bool:
+    """Done with: succeeded, failed (the kubelet's deadline included), a name that can never
+    pull, or still failing to pull after the deadline (a registry hiccup gets its retries)."""
     status = obj.get("status") or {}
     if status.get("phase") in ("Succeeded", "Failed"):
         return True
-    waiting = [
+    waiting = {
         (c.get("state") or {}).get("waiting", {}).get("reason") for c in status.get("containerStatuses") or []
-    ]
-    return any(reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName") for reason in waiting)
+    }
+    if "InvalidImageName" in waiting:
+        return True
+    started = _time(status.get("startTime") or (obj.get("metadata") or {}).get("creationTimestamp"))
+    overdue = started is not None and (now - started).total_seconds() > DEADLINE_S
+    return overdue and bool(waiting & {"ErrImagePull", "ImagePullBackOff"})
+
+
+def _time(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
 
 
 def image_on_node(node: dict[str, Any], image: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -31,15 +32,19 @@ def test_the_pod_pulls_without_a_shell_on_the_chosen_node() -> None:
 
 
 def test_finished_and_confirmed() -> None:
-    assert prepull.finished({"status": {"phase": "Succeeded"}})
-    stuck = {
-        "status": {
-            "phase": "Pending",
-            "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff"}}}],
-        }
-    }
-    assert prepull.finished(stuck)
-    assert not prepull.finished({"status": {"phase": "Pending"}})
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    assert prepull.finished({"status": {"phase": "Succeeded"}}, now)
+    assert prepull.finished({"status": {"phase": "Failed", "reason": "DeadlineExceeded"}}, now)
+
+    def backing_off(minutes_ago: float, reason: str = "ImagePullBackOff") -> dict[str, object]:
+        started = (now - timedelta(minutes=minutes_ago)).isoformat().replace("+00:00", "Z")
+        waiting = [{"state": {"waiting": {"reason": reason}}}]
+        return {"status": {"phase": "Pending", "startTime": started, "containerStatuses": waiting}}
+
+    assert not prepull.finished(backing_off(2), now)  # the kubelet retries: give it time
+    assert prepull.finished(backing_off(prepull.DEADLINE_S / 60 + 1), now)  # stuck past the deadline
+    assert prepull.finished(backing_off(0, "InvalidImageName"), now)  # can never pull
+    assert not prepull.finished({"status": {"phase": "Pending"}}, now)
     node = {
         "status": {"images": [{"names": [TARGET.image, "gcr.io/distroless/python3:latest"], "sizeBytes": 1}]}
     }
@@ -70,6 +75,14 @@ async def test_run_and_sweep(fake_kube: tuple[FakeKube, str]) -> None:
             "kdrl-system/unrelated",
         }
         assert puller.stuck == 0
+
+        stuck = copy.deepcopy(fake.objects["pods"][f"kdrl-system/{prepull.pod_name(other)}"])
+        an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+        waiting = [{"state": {"waiting": {"reason": "ImagePullBackOff"}}}]
+        stuck["status"] = {"phase": "Pending", "startTime": an_hour_ago, "containerStatuses": waiting}
+        await fake.modify("pods", stuck)
+        assert await puller.sweep() == [prepull.pod_name(other)]  # given up on, and counted
+        assert puller.stuck == 1
     finally:
         await api.close()
 

@@ -8,8 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from forecaster.forecasting import Forecast
+from plugin.emitter import Emitter
 from plugin.errors import KubeApiError
 from plugin.functions import FunctionCatalog, function_state
 from plugin.prewarm_loop import PrewarmLoop
@@ -190,3 +193,23 @@ def test_knative_image_cache_objects_resolve_the_routed_revisions_images() -> No
         "DELETED", {"metadata": {"name": "hello-00002-cache-user-container", "namespace": "shop"}}
     )
     assert catalog.states()["shop/hello"].pod.images == (IMAGE,)  # not cached: the template's
+
+
+async def test_each_applied_change_is_a_cloudevent_to_k_sink(setup: tuple[FakeKube, dict[str, Any]]) -> None:
+    types: list[str] = []
+
+    async def sink(request: web.Request) -> web.Response:
+        types.append(request.headers["ce-type"])
+        return web.Response(status=202)
+
+    sink_app = web.Application()
+    sink_app.router.add_post("/", sink)
+    _, env = setup
+    async with TestServer(sink_app) as server:
+        cycle = loop(env)
+        cycle.emitter = Emitter(str(server.make_url("/")))
+        await cycle.cycle()
+        env["state"]["forecasts"] = {}
+        await cycle.cycle()
+        await cycle.shutdown(keep=False)
+    assert types == ["dev.kdrl.prewarm.warm", "dev.kdrl.prewarm.prepull", "dev.kdrl.prewarm.restore"]
