@@ -36,6 +36,7 @@ LIST_KINDS = {
     "revisions": "RevisionList",
     "leases": "LeaseList",
     "deployments": "DeploymentList",
+    "images": "ImageList",
 }
 
 
@@ -107,6 +108,7 @@ class FakeKube:
         app.router.add_patch(serving + "/revisions/{name}", self._merge_patch("revisions"))
         app.router.add_get("/apis/serving.knative.dev/v1/revisions", self._collection("revisions"))
         app.router.add_get("/apis/serving.knative.dev/v1/services", self._collection("services"))
+        app.router.add_get("/apis/caching.internal.knative.dev/v1alpha1/images", self._collection("images"))
         app.router.add_get(
             "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", self._get("deployments")
         )

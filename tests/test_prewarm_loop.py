@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,11 +14,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from forecaster.forecasting import Forecast
+from plugin import app as service
 from plugin.emitter import Emitter
 from plugin.errors import KubeApiError
 from plugin.functions import FunctionCatalog, function_state
 from plugin.prewarm_loop import PrewarmLoop
 from plugin.prewarming import Prepuller, RevisionActuator
+from plugin.settings import HistorySettings, KubeSettings, PrewarmSettings, Settings
 from policies import heuristics
 from policies.types import Node, NodeTable, Priority
 from prewarm import actuation as act
@@ -213,3 +217,31 @@ async def test_each_applied_change_is_a_cloudevent_to_k_sink(setup: tuple[FakeKu
         await cycle.cycle()
         await cycle.shutdown(keep=False)
     assert types == ["dev.kdrl.prewarm.warm", "dev.kdrl.prewarm.prepull", "dev.kdrl.prewarm.restore"]
+
+
+@pytest.mark.parametrize(("serving", "shadow"), [("1.22.0", False), ("1.20.3", True), (None, True)])
+async def test_the_service_plans_leads_and_falls_back_to_shadow_on_old_serving(
+    aiohttp_client: Any, fake_kube: tuple[FakeKube, str], serving: str | None, shadow: bool
+) -> None:
+    fake, url = fake_kube
+    if serving is not None:
+        labels = {"app.kubernetes.io/version": serving}
+        await fake.add(
+            "deployments",
+            {"metadata": {"name": "controller", "namespace": "knative-serving", "labels": labels}},
+        )
+    settings = Settings(
+        kube=KubeSettings(api_url=url, watch_timeout_s=1, backoff_max_s=0.2, request_timeout_s=2),
+        history=HistorySettings(path=Path(tempfile.mkdtemp()) / "history.db"),
+        prewarm=PrewarmSettings(identity="replica-a"),
+    )
+    client = await aiohttp_client(await service.create_app(settings))
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        answer = await (await client.get("/debug/prewarm")).json()
+        if answer["plan"] is not None and answer["leader"]:
+            break
+        assert asyncio.get_running_loop().time() < deadline, answer
+        await asyncio.sleep(0.05)
+    assert answer["shadow"] is shadow
+    assert fake.objects["leases"]["kdrl-system/kdrl-prewarm"]["spec"]["holderIdentity"] == "replica-a"
