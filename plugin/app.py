@@ -23,7 +23,7 @@ from kubernetes.aio.client import ApiClient
 from forecaster import history
 from forecaster.forecasting import Forecaster
 from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
-from plugin import events, informer, kube, objectfiles, wire
+from plugin import events, informer, kube, objectfiles, webhook, wire
 from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
 from plugin.emitter import Emitter
@@ -99,6 +99,7 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
             web.get("/readyz", _readyz),
             web.get("/metrics", _metrics),
             web.post("/events", _events),
+            web.post("/mutate-pods", _mutate_pods),
             web.post("/", _events),
             web.get("/debug/functions", _functions),
             web.get("/debug/prewarm", _prewarm_plan),
@@ -195,6 +196,11 @@ async def _events(request: web.Request) -> web.Response:
     return await events.receive(
         request, request.app[EVENTS], max_body=request.app[SETTINGS].history.events_max_body_bytes
     )
+
+
+async def _mutate_pods(request: web.Request) -> web.Response:
+    """The admission webhook (`plugin.webhook`): Knative pods to the kdrl scheduler."""
+    return web.json_response(webhook.review(wire.decode(await request.read())))
 
 
 async def _prewarm_plan(request: web.Request) -> web.Response:

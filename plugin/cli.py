@@ -13,6 +13,8 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,18 +131,37 @@ def _serve(args: argparse.Namespace) -> int:
     config = settings.load(vars(args), os.environ)
     logs.setup(level=config.log.level, fmt=config.log.format)
     provider = telemetry.setup(os.environ)
+    loop = _event_loop()
     try:
-        web.run_app(
-            app.create_app(config),
-            loop=_event_loop(),
-            host=config.server.host,
-            port=config.server.port,
-            access_log=None,
-            print=lambda message: logger.info("%s", message.strip()),
-        )
+        loop.run_until_complete(_serve_until_stopped(config))
     finally:
+        loop.close()
         provider.shutdown()
     return 0
+
+
+async def _serve_until_stopped(config: settings.Settings) -> None:
+    """HTTP on KDRL_PORT, and HTTPS on KDRL_TLS_PORT with a certificate; until SIGTERM/SIGINT,
+    then the app's cleanups (restoring what prewarming changed) run before exit."""
+    runner = web.AppRunner(await app.create_app(config), access_log=None)
+    await runner.setup()
+    server = config.server
+    sites = [web.TCPSite(runner, server.host, server.port)]
+    if server.tls_dir is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(server.tls_dir / "tls.crt", server.tls_dir / "tls.key")
+        sites.append(web.TCPSite(runner, server.host, server.tls_port, ssl_context=context))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, stop.set)
+    try:
+        for site in sites:
+            await site.start()
+            logger.info("serving on %s", site.name)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:

@@ -286,16 +286,24 @@ async def write_lease(
     return await _read(call, f"write lease {namespace}/{name}", ok=(200, 201))
 
 
+@api_call("", "events", "create")
+async def create_event(api: client.ApiClient, *, namespace: str, body: Obj, timeout_s: float) -> Obj:
+    """Record a Kubernetes Event (what `kubectl describe` shows about an object)."""
+    create = client.CoreV1Api(api).create_namespaced_event_without_preload_content
+    return await _create(create, namespace, body, "event", timeout_s)
+
+
 @api_call("", "pods", "create", namespace=PLUGIN_NAMESPACE)
 async def create_pod(api: client.ApiClient, *, namespace: str, body: Obj, timeout_s: float) -> Obj:
     """Create a pod (the plugin's pre-pull pods, in its own namespace); 409 when it exists."""
-    core = client.CoreV1Api(api)
+    create = client.CoreV1Api(api).create_namespaced_pod_without_preload_content
+    return await _create(create, namespace, body, "pod", timeout_s)
+
+
+async def _create(create: Callable[..., Any], namespace: str, body: Obj, kind: str, timeout_s: float) -> Obj:
     payload: Any = body
-    return await _read(
-        core.create_namespaced_pod_without_preload_content(namespace, payload, _request_timeout=timeout_s),
-        f"create pod {namespace}/{body['metadata']['name']}",
-        ok=(200, 201),
-    )
+    what = f"create {kind} {namespace}/{body['metadata']['name']}"
+    return await _read(create(namespace, payload, _request_timeout=timeout_s), what, ok=(200, 201))
 
 
 @api_call("", "pods", "delete", namespace=PLUGIN_NAMESPACE)

@@ -9,9 +9,11 @@ changes and sends nothing. Every change is a span with the reason.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes.aio.client import ApiClient
 from opentelemetry import trace
@@ -103,8 +105,49 @@ class RevisionActuator:
                         continue
                     raise
                 logger.info("%s %s: %s", action, key, change.reason)
+                await self._record(revision, action, change.reason)
                 return Applied(key, change.reason, patched=True)
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def _record(self, revision: kube.Obj, action: str, reason: str) -> None:
+        """A Kubernetes Event on the revision, so `kubectl describe revision` says why its
+        min-scale changed; best effort (the change itself is already made and traced)."""
+        body = prewarm_event(revision, action, reason, datetime.now(UTC))
+        try:
+            await kube.create_event(
+                self.api, namespace=body["metadata"]["namespace"], body=body, timeout_s=self.timeout_s
+            )
+        except KubeApiError as error:
+            logger.warning("could not record an event on %s (%s)", body["involvedObject"]["name"], error)
+
+
+def prewarm_event(revision: kube.Obj, action: str, reason: str, now: datetime) -> dict[str, Any]:
+    """A core/v1 Event about a prewarm change to `revision`."""
+    meta = revision.get("metadata") or {}
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{meta.get('name')}.{uuid.uuid4().hex[:16]}",
+            "namespace": meta.get("namespace"),
+        },
+        "involvedObject": {
+            "apiVersion": "serving.knative.dev/v1",
+            "kind": "Revision",
+            "namespace": meta.get("namespace"),
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+        },
+        "reason": {"warm": "Prewarmed", "restore": "PrewarmRestored"}.get(action, action),
+        "message": reason,
+        "type": "Normal",
+        "source": {"component": "kdrl"},
+        "reportingComponent": "kdrl.dev/prewarm",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
 
 
 class Prepuller:

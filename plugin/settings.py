@@ -63,6 +63,18 @@ class ServerSettings:
         "for ~5,000 nodes when the scheduler is not nodeCacheCapable.",
         check=_positive,
     )
+    tls_dir: Path | None = _setting(
+        None,
+        "KDRL_TLS_DIR",
+        "Folder with tls.crt and tls.key (a cert-manager Secret): also serve HTTPS on KDRL_TLS_PORT, "
+        "for the admission webhook. Read at start.",
+        check=lambda d: (
+            None
+            if d is None or ((d / "tls.crt").is_file() and (d / "tls.key").is_file())
+            else "needs tls.crt and tls.key"
+        ),
+    )
+    tls_port: int = _setting(8443, "KDRL_TLS_PORT", "HTTPS port when KDRL_TLS_DIR is set.", check=_port)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ LIST_KINDS = {
     "leases": "LeaseList",
     "deployments": "DeploymentList",
     "images": "ImageList",
+    "events": "EventList",
 }
 
 
@@ -101,6 +102,7 @@ class FakeKube:
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind)
         app.router.add_get("/api/v1/namespaces/{namespace}/pods", self._collection("pods"))
         app.router.add_post("/api/v1/namespaces/{namespace}/pods", self._create("pods"))
+        app.router.add_post("/api/v1/namespaces/{namespace}/events", self._create("events"))
         app.router.add_delete("/api/v1/namespaces/{namespace}/pods/{name}", self._delete("pods"))
         serving = "/apis/serving.knative.dev/v1/namespaces/{namespace}"
         app.router.add_get(serving + "/services/{name}", self._get("services"))

@@ -22,6 +22,8 @@ CUSTOM = {
     ("eventing.knative.dev/v1", "Trigger"): ("broker", "subscriber"),
     ("sources.knative.dev/v1", "ApiServerSource"): ("mode", "resources", "sink", "serviceAccountName"),
     ("serving.knative.dev/v1", "Service"): ("template",),
+    ("cert-manager.io/v1", "Issuer"): ("selfSigned",),
+    ("cert-manager.io/v1", "Certificate"): ("secretName", "dnsNames", "issuerRef"),
 }
 
 Grant = tuple[str, str, str, str]  # (namespace or "", group, resource, verb)
@@ -34,7 +36,7 @@ def documents(folder: Path = KNATIVE) -> Iterator[dict[str, Any]]:
 
 
 def every_document() -> list[dict[str, Any]]:
-    folders = (KNATIVE, KNATIVE / "eventing", KNATIVE / "examples")
+    folders = (KNATIVE, KNATIVE / "eventing", KNATIVE / "webhook", KNATIVE / "examples")
     return [d for folder in folders for d in documents(folder)]
 
 
@@ -42,11 +44,11 @@ def find(kind: str, name: str) -> dict[str, Any]:
     return next(d for d in documents() if d["kind"] == kind and d["metadata"]["name"] == name)
 
 
-@pytest.mark.parametrize("folder", [KNATIVE, KNATIVE / "eventing"])
+@pytest.mark.parametrize("folder", [KNATIVE, KNATIVE / "eventing", KNATIVE / "webhook"])
 def test_every_manifest_parses_and_is_listed(folder: Path) -> None:
     kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
     files = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization["resources"]) == files
+    assert set(kustomization["resources"]) - {"../"} == files
     for document in documents(folder):
         assert {"apiVersion", "kind", "metadata"} <= set(document), document
 
@@ -60,15 +62,32 @@ def test_every_object_validates_against_the_kubernetes_schema(document: dict[str
     kubernetes_validate.validate(document, KUBERNETES, strict=True)  # raises on any error
 
 
+def patched(overlay: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """The base objects an overlay patches, with its JSON patches applied (add and remove)."""
+    kustomization = yaml.safe_load((KNATIVE / overlay / "kustomization.yaml").read_text())
+    assert "../" in kustomization["resources"]
+    out = {}
+    for entry in kustomization["patches"]:
+        target = entry["target"]
+        document = find(target["kind"], target["name"])
+        for op in yaml.safe_load(entry["patch"]):
+            *parents, last = op["path"].strip("/").split("/")
+            node = document
+            for key in parents:
+                node = node[int(key)] if isinstance(node, list) else node[key]
+            if op["op"] == "remove":
+                del node[last]
+            elif last == "-":
+                node.append(op["value"])
+            else:
+                node[last] = op["value"]
+        out[(target["kind"], target["name"])] = document
+    return out
+
+
 def test_the_emptydir_overlay_still_validates() -> None:
-    overlay = yaml.safe_load((KNATIVE / "ephemeral-history" / "kustomization.yaml").read_text())
-    assert overlay["resources"] == ["../"]
-    statefulset = find("StatefulSet", "kdrl")
-    for op in yaml.safe_load(overlay["patches"][0]["patch"]):  # a JSON patch: apply it by hand
-        if op["op"] == "remove":
-            del statefulset["spec"]["volumeClaimTemplates"]
-        else:
-            statefulset["spec"]["template"]["spec"]["volumes"].append(op["value"])
+    statefulset = patched("ephemeral-history")[("StatefulSet", "kdrl")]
+    assert "volumeClaimTemplates" not in statefulset["spec"]
     kubernetes_validate.validate(statefulset, KUBERNETES, strict=True)
     mounts = statefulset["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     volumes = {v["name"] for v in statefulset["spec"]["template"]["spec"]["volumes"]}
@@ -156,3 +175,32 @@ def test_rbac_grants_exactly_what_the_code_calls() -> None:
         (call.namespace, call.group, call.resource, verb) for call in kube.API_CALLS for verb in call.verbs
     }
     assert granted() == needed
+
+
+def test_the_webhook_overlay_serves_tls_where_the_webhook_calls() -> None:
+    objects = patched("webhook")
+    for document in objects.values():
+        kubernetes_validate.validate(document, KUBERNETES, strict=True)
+    container = objects[("StatefulSet", "kdrl")]["spec"]["template"]["spec"]["containers"][0]
+    tls_dir = next(e["value"] for e in container["env"] if e["name"] == "KDRL_TLS_DIR")
+    assert any(m["mountPath"] == tls_dir for m in container["volumeMounts"])
+    https = next(p for p in container["ports"] if p["name"] == "https")
+    assert https["containerPort"] == settings.ServerSettings().tls_port
+    (configuration,) = [
+        d for d in documents(KNATIVE / "webhook") if d["kind"] == "MutatingWebhookConfiguration"
+    ]
+    (hook,) = configuration["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    service = hook["clientConfig"]["service"]
+    assert service["path"] == "/mutate-pods"
+    ports = objects[("Service", "kdrl")]["spec"]["ports"]
+    assert any(p["port"] == service["port"] and p["targetPort"] == "https" for p in ports)
+    never = next(e for e in hook["namespaceSelector"]["matchExpressions"] if e["operator"] == "NotIn")
+    assert never["key"] == "kubernetes.io/metadata.name" and {"kube-system", "kdrl-system"} <= set(
+        never["values"]
+    )
+    certificate = next(d for d in documents(KNATIVE / "webhook") if d["kind"] == "Certificate")
+    assert f"{service['name']}.{service['namespace']}.svc" in certificate["spec"]["dnsNames"]
+    assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+        f"{certificate['metadata']['namespace']}/{certificate['metadata']['name']}"
+    )

@@ -71,7 +71,12 @@ async def test_warm_patches_only_routed_revisions_and_restore_undoes_it(
     assert annotations(fake, "hello-00002")[act.MIN_SCALE] == "2"
     assert annotations(fake, "hello-00002")[act.ORIGINAL] == "1"
     assert annotations(fake, "hello-00001") == before["hello-00001"]  # no traffic: untouched
-    assert all(request.startswith(("GET", "PATCH")) for request in fake.requests)
+    events = sorted(fake.objects["events"].values(), key=lambda e: e["involvedObject"]["name"])
+    assert [(e["involvedObject"]["name"], e["reason"]) for e in events] == [
+        ("hello-00002", "Prewarmed"),
+        ("hello-00003", "Prewarmed"),
+    ]
+    assert all(r.startswith(("GET", "PATCH")) or "/events" in r for r in fake.requests)
 
     await actuator.restore("shop/hello")
     assert {name: annotations(fake, name) for name in before} == before

@@ -1,0 +1,47 @@
+"""A mutating admission webhook: Knative pods go to the kdrl scheduler without authors asking.
+
+The MutatingWebhookConfiguration (knative/webhook) sends pod creations from namespaces labelled
+`kdrl.dev/enabled: "true"` here; a pod of a Knative Service that names no scheduler (or the
+default one) gets `spec.schedulerName: kdrl-scheduler` through a JSON patch. Everything else is
+allowed unchanged: the webhook never refuses a pod (and its `failurePolicy` is Ignore).
+AdmissionReview `admission.k8s.io/v1`: the response echoes the request's `uid`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from plugin.convert import SERVICE_LABEL
+from plugin.errors import BadRequest
+
+SCHEDULER_NAME = "kdrl-scheduler"
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def review(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The AdmissionReview answering `body`; BadRequest when it is not one."""
+    request = body.get("request")
+    if body.get("kind") != "AdmissionReview" or not isinstance(request, Mapping) or not request.get("uid"):
+        raise BadRequest("expected an admission.k8s.io/v1 AdmissionReview with request.uid")
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    patch = _patch(request.get("object"))
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def _patch(pod: Any) -> list[dict[str, str]]:
+    if not isinstance(pod, Mapping) or pod.get("kind") != "Pod":
+        return []
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    spec = pod.get("spec") or {}
+    if SERVICE_LABEL not in labels or not isinstance(spec, Mapping):
+        return []  # not a Knative Service's pod
+    current = spec.get("schedulerName")
+    if current not in (None, "", DEFAULT_SCHEDULER):
+        return []  # the author chose a scheduler: theirs wins
+    return [{"op": "add", "path": "/spec/schedulerName", "value": SCHEDULER_NAME}]
