@@ -55,3 +55,14 @@ def test_every_setting_has_a_documented_env_key_and_flag() -> None:
             assert field.metadata["env"].startswith("KDRL_") or field.metadata["env"] == "K_SINK"
             assert field.metadata["flag"].startswith("--")
             assert field.metadata["help"].endswith(".")
+
+
+@pytest.mark.parametrize(
+    ("argv", "shadow"), [(["--shadow"], True), (["--shadow", "false"], False), ([], False)]
+)
+def test_a_yes_no_flag_alone_means_yes(argv: list[str], shadow: bool) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    assert settings.load(vars(parser.parse_args(argv)), {}).prewarm.shadow is shadow
