@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from bench.simulator import SHARED_TRACE, trace_or_skip
-from forecaster import forecasting, histogram
+from forecaster import forecasting, histogram, idletimes
 from forecaster.history import MinuteCounts
 from simulator import traces
 
@@ -120,11 +120,15 @@ def _decisions(
         table = chosen.within.get(kind)
         p[members] = np.array([forecasting.within_probability(row, table) for row in expected[members]])
     loaded_from, loaded_to, since = _hybrid_windows(counts, order, cutoffs)
+    # As served (`Forecast.best_p_within`): the idle-time answer once a function has been invoked,
+    # the model's before.
+    idle = _idle_answers(counts, order, cutoffs, loaded_from, loaded_to - loaded_from, max(WITHIN))
+    served = np.where(np.isnan(idle), p[:, : max(WITHIN)], idle)
     rows = []
     for k in WITHIN:
         future = np.stack([counts[i, c + 1 : c + 1 + k] for i, c in zip(order, cutoffs)])
         truth: np.ndarray = np.asarray(future.any(axis=1), dtype=bool)
-        prob = p[:, k - 1]
+        prob, best = p[:, k - 1], served[:, k - 1]
         hybrid = (since + k >= loaded_from) & (since <= loaded_to)
         wt = w[order]
         keep = wt > 0
@@ -134,7 +138,11 @@ def _decisions(
                 "view": view,
                 "metric": f"invoked within {k} min",
                 "brier": round(float(np.average((prob[keep] - truth[keep]) ** 2, weights=wt[keep])), 4),
+                "served_brier": round(
+                    float(np.average((best[keep] - truth[keep]) ** 2, weights=wt[keep])), 4
+                ),
                 **_precision_recall("ensemble", prob[keep] >= 0.5, truth[keep], wt[keep]),
+                **_precision_recall("served", best[keep] >= 0.5, truth[keep], wt[keep]),
                 **_precision_recall("hybrid", hybrid[keep], truth[keep], wt[keep]),
             }
         )
@@ -164,6 +172,27 @@ def _hybrid_windows(
         loaded_from[row] = prewarm[j]
         loaded_to[row] = prewarm[j] + keepalive[j]
     return loaded_from, loaded_to, since
+
+
+def _idle_answers(
+    counts: np.ndarray,
+    order: np.ndarray,
+    cutoffs: np.ndarray,
+    prewarm: np.ndarray,
+    keepalive: np.ndarray,
+    horizon: int,
+) -> np.ndarray:
+    """Per (function, cutoff): `idletimes.within_after` from the idle periods seen by the cutoff
+    and the hybrid windows then in force; NaN where the function has not been invoked yet."""
+    out = np.full((len(order), horizon), np.nan)
+    invoked = [np.flatnonzero(row) for row in counts]
+    for row, (i, cutoff) in enumerate(zip(order, cutoffs)):
+        seen = invoked[i][invoked[i] <= cutoff]
+        if seen.size:
+            gaps = np.diff(seen).astype(np.float64)
+            windows = (float(prewarm[row]), float(keepalive[row]))
+            out[row] = idletimes.within_after(gaps, int(cutoff + 1 - seen[-1]), horizon, windows)
+    return out
 
 
 def _precision_recall(name: str, predicted: np.ndarray, truth: np.ndarray, w: np.ndarray) -> dict[str, float]:
