@@ -136,18 +136,32 @@ class FunctionCatalog:
         self.services, self.images = Objects(), Objects()
         self.observed = observed  # observed cold starts per function, seconds
 
+    def snapshot(self) -> Callable[[], dict[str, FunctionState]]:
+        """What `states` needs, copied now (on the event loop, where the informers write), as a
+        computation that may then run on any thread."""
+        services, images = dict(self.services.items), dict(self.images.items)
+        observed = {function: list(self.observed(function)) for function in services}
+        return lambda: function_states(services, images, observed)
+
     def states(self) -> dict[str, FunctionState]:
-        cached: dict[str, dict[str, str]] = {}  # namespace -> image object name -> image
-        for key, image in self.images.items.items():
-            namespace, _, name = key.partition("/")
-            cached.setdefault(namespace, {})[name] = str((image.get("spec") or {}).get("image") or "")
-        out = {}
-        for function, service in self.services.items.items():
-            namespace = function.partition("/")[0]
-            state = function_state(service, self.observed(function), cached.get(namespace, {}))
-            if state is not None:
-                out[function] = state
-        return out
+        return self.snapshot()()
+
+
+def function_states(
+    services: Mapping[str, Obj], images: Mapping[str, Obj], observed: Mapping[str, Sequence[float]]
+) -> dict[str, FunctionState]:
+    """Every Service's state, with its namespace's image cache objects."""
+    cached: dict[str, dict[str, str]] = {}  # namespace -> image object name -> image
+    for key, image in images.items():
+        namespace, _, name = key.partition("/")
+        cached.setdefault(namespace, {})[name] = str((image.get("spec") or {}).get("image") or "")
+    out = {}
+    for function, service in services.items():
+        namespace = function.partition("/")[0]
+        state = function_state(service, observed.get(function, ()), cached.get(namespace, {}))
+        if state is not None:
+            out[function] = state
+    return out
 
 
 def _key(obj: Obj) -> str:

@@ -56,15 +56,22 @@ class PrewarmLoop:
         forecast = self.forecast_context()
         links = [trace.Link(forecast)] if forecast is not None and forecast.is_valid else []
         with tracer.start_as_current_span("kdrl.prewarm.plan", links=links) as span:
-            decided = plan(
-                int(self.clock() // 60),
+            # Planning is CPU work over every function: a worker thread does it, on inputs
+            # taken now, so the event loop keeps answering the scheduler meanwhile.
+            states, forecasts, nodes, policy = (
+                self.catalog.snapshot(),
                 self.forecasts(),
-                self.catalog.states(),
                 self.nodes(),
-                self.budget,
-                policy=self.policy(),
-                settings=self.settings,
+                self.policy(),
             )
+            minute = int(self.clock() // 60)
+
+            def planned() -> PrewarmPlan:
+                return plan(
+                    minute, forecasts, states(), nodes, self.budget, policy=policy, settings=self.settings
+                )
+
+            decided = await asyncio.get_running_loop().run_in_executor(None, planned)
             self.latest = decided
             leading = self.leading()
             span.set_attributes(
