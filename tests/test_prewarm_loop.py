@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from forecaster.forecasting import Forecast
 from plugin import app as service
@@ -245,3 +247,21 @@ async def test_the_service_plans_leads_and_falls_back_to_shadow_on_old_serving(
         await asyncio.sleep(0.05)
     assert answer["shadow"] is shadow
     assert fake.objects["leases"]["kdrl-system/kdrl-prewarm"]["spec"]["holderIdentity"] == "replica-a"
+
+
+async def test_the_plan_is_a_span_linked_to_its_forecast_and_each_change_a_child(
+    setup: tuple[FakeKube, dict[str, Any]], spans: InMemorySpanExporter
+) -> None:
+    _, env = setup
+    cycle = loop(env)
+    with trace.get_tracer("test").start_as_current_span("kdrl.forecast") as forecast_span:
+        forecast = forecast_span.get_span_context()
+    cycle.forecast_context = lambda: forecast
+    await cycle.cycle()
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    planned = finished["kdrl.prewarm.plan"]
+    assert [link.context.span_id for link in planned.links] == [forecast.span_id]
+    assert planned.attributes is not None and planned.attributes["kdrl.prewarm.warm"] == 1
+    for change in ("kdrl.prewarm.warm", "kdrl.prewarm.prepull"):
+        assert finished[change].parent is not None
+        assert finished[change].parent.span_id == planned.context.span_id
