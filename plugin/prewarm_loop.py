@@ -27,7 +27,7 @@ from plugin.prewarming import Applied, Prepuller, RevisionActuator
 from policies.placement import PlacementPolicy
 from policies.types import NodeTable
 from prewarm import prepull
-from prewarm.planning import Budget, PlannerSettings, PrewarmPlan, plan
+from prewarm.planning import Budget, PlannerSettings, PrewarmPlan, PullEntry, WarmEntry, plan
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -83,6 +83,11 @@ class PrewarmLoop:
                     "kdrl.shadow": self.actuator.shadow,
                 }
             )
+            entries: list[WarmEntry | PullEntry] = [*decided.warm, *decided.pulls]
+            for entry in entries:  # why, per function: what SREs ask
+                span.add_event(
+                    f"kdrl.prewarm.{'warm' if isinstance(entry, WarmEntry) else 'pull'}", _why(entry)
+                )
             if leading:
                 await self._apply(decided)
         return decided
@@ -139,3 +144,19 @@ class PrewarmLoop:
                 logger.warning("could not restore %s on shutdown (%s); run kdrl cleanup", function, error)
         if self.emitter is not None:
             await self.emitter.close()
+
+
+def _why(entry: WarmEntry | PullEntry) -> dict[str, str | int | float]:
+    """A plan entry's reasons as span event attributes."""
+    reason = entry.reason
+    out: dict[str, str | int | float] = {
+        "kdrl.function": entry.function,
+        "kdrl.prewarm.probability": reason.probability,
+        "kdrl.prewarm.benefit_usd": reason.benefit_usd,
+        "kdrl.prewarm.cost_usd": reason.cost_usd,
+    }
+    if isinstance(entry, WarmEntry):
+        out["kdrl.prewarm.replicas"] = entry.replicas
+    else:
+        out["k8s.node.name"] = entry.node
+    return out

@@ -262,6 +262,9 @@ async def test_the_plan_is_a_span_linked_to_its_forecast_and_each_change_a_child
     planned = finished["kdrl.prewarm.plan"]
     assert [link.context.span_id for link in planned.links] == [forecast.span_id]
     assert planned.attributes is not None and planned.attributes["kdrl.prewarm.warm"] == 1
+    (warm,) = [e for e in planned.events if e.name == "kdrl.prewarm.warm"]
+    assert warm.attributes is not None and warm.attributes["kdrl.function"] == "shop/hello"
+    assert warm.attributes["kdrl.prewarm.benefit_usd"] > warm.attributes["kdrl.prewarm.cost_usd"]
     for change in ("kdrl.prewarm.warm", "kdrl.prewarm.prepull"):
         assert finished[change].parent is not None
         assert finished[change].parent.span_id == planned.context.span_id
