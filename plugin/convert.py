@@ -83,6 +83,12 @@ def pod_request(pod: Json) -> PodRequest:
     )
 
 
+def object_key(obj: Json) -> str:
+    """`namespace/name` of an object (`default` when it names no namespace)."""
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
 def function_of(namespace: str, labels: Mapping[str, str]) -> str | None:
     """`namespace/service` for Knative pods (the Configuration for a bare one), else None."""
     owner = labels.get(SERVICE_LABEL) or labels.get(CONFIGURATION_LABEL)

@@ -84,15 +84,21 @@ def function_state(
     )
 
 
+def routed_revisions(service: Obj) -> list[str]:
+    """Revisions that take traffic: `status.traffic` entries with a share above 0."""
+    traffic = (service.get("status") or {}).get("traffic") or []
+    names = [t.get("revisionName") for t in traffic if (t.get("percent") or 0) > 0 and t.get("revisionName")]
+    return list(dict.fromkeys(str(n) for n in names))
+
+
 def _resolved(pod: PodRequest, service: Obj, spec: Obj, cached: Mapping[str, str]) -> PodRequest:
     """The pod with its images as Knative resolved them for the first routed revision."""
-    traffic = (service.get("status") or {}).get("traffic") or []
-    routed = next((t.get("revisionName") for t in traffic if (t.get("percent") or 0) > 0), None)
+    routed = routed_revisions(service)
     containers = spec.get("containers") or []
     if not routed or not isinstance(containers, list):
         return pod
     names = [(c.get("name") or "user-container") if isinstance(c, Mapping) else "" for c in containers]
-    digests = [cached.get(f"{routed}-cache-{name}") for name in names]
+    digests = [cached.get(f"{routed[0]}-cache-{name}") for name in names]
     if not all(digests) or len(digests) != len(pod.images):
         return pod  # not cached (yet), or init containers in the way: keep the template's
     return dataclasses.replace(pod, images=tuple(convert.normalize_image(str(d)) for d in digests))
@@ -117,13 +123,13 @@ class Objects:
         self.items: dict[str, Obj] = {}
 
     def replace(self, items: list[dict[str, Any]]) -> None:
-        self.items = {_key(o): o for o in items}
+        self.items = {convert.object_key(o): o for o in items}
 
     def apply(self, type_: str, obj: dict[str, Any]) -> None:
         if type_ == "DELETED":
-            self.items.pop(_key(obj), None)
+            self.items.pop(convert.object_key(obj), None)
         else:
-            self.items[_key(obj)] = obj
+            self.items[convert.object_key(obj)] = obj
 
     def live(self, live: bool) -> None:
         """The last view holds while the API server is away."""
@@ -162,8 +168,3 @@ def function_states(
         if state is not None:
             out[function] = state
     return out
-
-
-def _key(obj: Obj) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"

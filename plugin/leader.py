@@ -19,6 +19,7 @@ from kubernetes.aio.client import ApiClient
 
 from plugin import kube
 from plugin.errors import KubeApiError
+from prewarm import rfc3339
 
 logger = logging.getLogger(__name__)
 MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"  # the MicroTime format of acquireTime and renewTime
@@ -46,21 +47,12 @@ def claim(current: dict[str, Any] | None, me: str, now: datetime, duration_s: in
     holder = current.get("holderIdentity") or ""
     if holder == me:
         return Claim({**current, "renewTime": stamp, "leaseDurationSeconds": duration_s}, leads=True)
-    renewed = _time(current.get("renewTime"))
+    renewed = rfc3339.parse(current.get("renewTime"))  # unreadable: as if never renewed
     held_for = timedelta(seconds=int(current.get("leaseDurationSeconds") or duration_s))
     if holder and renewed is not None and now < renewed + held_for:
         return Claim(None, leads=False)
     transitions = int(current.get("leaseTransitions") or 0) + 1
     return Claim({**fresh, "leaseTransitions": transitions}, leads=True)
-
-
-def _time(text: Any) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None  # unreadable: as if never renewed
 
 
 class LeaderElector:

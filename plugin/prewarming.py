@@ -20,7 +20,8 @@ from opentelemetry import trace
 
 from plugin import kube
 from plugin.errors import KubeApiError
-from prewarm import actuation, prepull
+from plugin.functions import routed_revisions
+from prewarm import actuation, prepull, rfc3339
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -34,13 +35,6 @@ class Applied:
     revision: str  # namespace/name
     reason: str
     patched: bool  # sent to the API server (False in shadow mode or when nothing changes)
-
-
-def routed_revisions(service: kube.Obj) -> list[str]:
-    """Revisions that take traffic: `status.traffic` entries with a share above 0."""
-    traffic = (service.get("status") or {}).get("traffic") or []
-    names = [t.get("revisionName") for t in traffic if (t.get("percent") or 0) > 0 and t.get("revisionName")]
-    return list(dict.fromkeys(str(n) for n in names))
 
 
 class RevisionActuator:
@@ -124,7 +118,7 @@ class RevisionActuator:
 def prewarm_event(revision: kube.Obj, action: str, reason: str, now: datetime) -> dict[str, Any]:
     """A core/v1 Event about a prewarm change to `revision`."""
     meta = revision.get("metadata") or {}
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339.render(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",

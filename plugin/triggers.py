@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from plugin.convert import object_key
+
 logger = logging.getLogger(__name__)
 
 Obj = Mapping[str, Any]
@@ -112,8 +114,7 @@ class TriggerIndex:
         self.triggers = {t.key: t for t in map(from_object, items) if t is not None}
 
     def apply(self, type_: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        key = object_key(obj)
         trigger = None if type_ == "DELETED" else from_object(obj)
         if trigger is None:
             self.triggers.pop(key, None)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
+
+from prewarm import rfc3339
 
 MIN_SCALE = "autoscaling.knative.dev/min-scale"
 ORIGINAL = "kdrl.dev/original-min-scale"
@@ -51,7 +53,11 @@ def warm(annotations: Mapping[str, str], replicas: int, until: datetime) -> Chan
     current = _int(annotations.get(MIN_SCALE))
     if APPLIED not in annotations and target <= current:
         return Change(None, f"the author's min-scale {current} already covers {replicas}")
-    changes: dict[str, str | None] = {MIN_SCALE: str(target), APPLIED: str(target), UNTIL: _rfc3339(until)}
+    changes: dict[str, str | None] = {
+        MIN_SCALE: str(target),
+        APPLIED: str(target),
+        UNTIL: rfc3339.render(until),
+    }
     if APPLIED not in annotations:
         changes[ORIGINAL] = annotations.get(MIN_SCALE, "")
     if all(annotations.get(key) == value for key, value in changes.items()):
@@ -76,10 +82,8 @@ def expired(annotations: Mapping[str, str], now: datetime) -> bool:
     until = annotations.get(UNTIL)
     if APPLIED not in annotations or until is None:
         return False
-    try:
-        return datetime.fromisoformat(until.replace("Z", "+00:00")) <= now
-    except ValueError:
-        return True  # an unreadable expiry is over: restoring is the safe side
+    ends = rfc3339.parse(until)
+    return ends is None or ends <= now  # an unreadable expiry is over: restoring is the safe side
 
 
 def _human_edited(annotations: Mapping[str, str]) -> bool:
@@ -95,7 +99,3 @@ def _int(text: str | None) -> int:
         return max(int(text or "0"), 0)
     except ValueError:
         return 0
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

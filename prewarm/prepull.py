@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from prewarm import rfc3339
+
 NOOP_IMAGE = "busybox:1.37.0"  # statically linked: its binary runs in any image
 PAUSE_RESOURCES = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}}
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -102,16 +104,9 @@ def finished(obj: dict[str, Any], now: datetime) -> bool:
     }
     if "InvalidImageName" in waiting:
         return True
-    started = _time(status.get("startTime") or (obj.get("metadata") or {}).get("creationTimestamp"))
+    started = rfc3339.parse(status.get("startTime") or (obj.get("metadata") or {}).get("creationTimestamp"))
     overdue = started is not None and (now - started).total_seconds() > DEADLINE_S
     return overdue and bool(waiting & {"ErrImagePull", "ImagePullBackOff"})
-
-
-def _time(text: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
 
 
 def image_on_node(node: dict[str, Any], image: str) -> bool:

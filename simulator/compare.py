@@ -86,8 +86,10 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
     with ProcessPoolExecutor(max_workers=workers) as pool:
         # Forecasting the trace is one job whose result every planner run shares; the others
         # run meanwhile.
-        services = [spec.service for spec in workload.build(trace, seed=options.seed).functions]
-        schedule = pool.submit(prewarming.forecast_schedule, trace.counts, services) if planned else None
+        schedule = None
+        if planned:
+            services = [spec.service for spec in workload.build(trace, seed=options.seed).functions]
+            schedule = pool.submit(prewarming.forecast_schedule, trace.counts, services)
         futures = {job: pool.submit(runner, trace, job, options) for job in all_jobs if job not in planned}
         if schedule is not None:
             forecasts = schedule.result()

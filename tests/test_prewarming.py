@@ -12,7 +12,8 @@ import pytest
 
 from plugin import cleanup, cli
 from plugin.errors import KubeApiError
-from plugin.prewarming import RevisionActuator, routed_revisions
+from plugin.functions import routed_revisions
+from plugin.prewarming import RevisionActuator
 from prewarm import actuation as act
 from prewarm import prepull
 from tests.conftest import api_client
