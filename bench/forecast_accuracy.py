@@ -5,7 +5,8 @@
 
 Per population, unweighted and weighted by `occ_ref_samples`:
 - expected counts: MAE and MASE at horizons 1, 5 and 30 minutes of the chosen-per-function
-  ensemble (models chosen by a backtest inside the first 12 hours only) against Naive
+  ensemble (models chosen by a backtest inside the first 12 hours only; `--rechoose 60`
+  re-chooses every hour from the history up to then, as `kdrl serve` does) against Naive
   (persistence) and SeasonalNaive(60). Forecasts start every 30 minutes of the last 12 hours
   (rolling origin, refitted on everything before). MASE scales each function's MAE by its
   in-sample one-step persistence MAE (functions with none are left out of MASE).
@@ -32,34 +33,29 @@ from simulator import traces
 
 TRAIN, DAY, STEP, HORIZON = 720, 1440, 30, 30
 HORIZONS = (1, 5, 30)
+# Minutes between model choices: by default once, on the first 12 hours only; `--rechoose 60`
+# re-chooses every hour from the history up to then, as `kdrl serve` does (`plugin/forecasts.py`).
+RECHOOSE = DAY - TRAIN
 WITHIN = (1, 5, 10)
 
 
-def evaluate(trace: traces.Trace, population: str) -> list[dict[str, Any]]:
+def evaluate(trace: traces.Trace, population: str, rechoose: int = RECHOOSE) -> list[dict[str, Any]]:
     members = np.flatnonzero(np.asarray(trace.populations) == population)
     counts = trace.counts[members]
     weights = trace.weights[members]
     names = [f"p/{i}" for i in range(len(members))]
-    chosen = _choose(counts, names)
-    windows = (DAY - TRAIN) // STEP
-    model_of = {n: chosen.model.get(n, forecasting.DEFAULT_MODEL["sparse"]) for n in names}  # silent so far
+    # As served (`plugin/forecasts.py`): models re-chosen every `rechoose` minutes from the
+    # history up to then; each choice forecasts the origins until the next one.
+    choices: dict[int, forecasting.Choice] = {}
     parts = []
-    for model in sorted(set(model_of.values())):  # each function runs only its own model
-        group = [i for i, n in enumerate(names) if model_of[n] == model]
-        frame = pd.DataFrame(
-            {
-                "unique_id": np.repeat([names[i] for i in group], DAY),
-                "ds": np.tile(np.arange(DAY), len(group)),
-                "y": counts[group].ravel().astype(float),
-            }
-        )
-        engine = forecasting._engine(sorted({model, "Naive", "SeasonalNaive60"}))
-        part = engine.cross_validation(df=frame, h=HORIZON, step_size=STEP, n_windows=windows)
-        keep = ["unique_id", "ds", "cutoff", "y", "ensemble", "Naive", "SeasonalNaive60"]
-        parts.append(part.assign(ensemble=part[model])[keep])
+    for start in range(TRAIN, DAY, rechoose):
+        end = min(start + rechoose, DAY)
+        choices[start] = chosen = _choose(counts, names, start)
+        parts.extend(_rolling(counts[:, :end], names, chosen, windows=(end - start) // STEP))
     cv = pd.concat(parts, ignore_index=True)
     cv["step"] = cv["ds"] - cv["cutoff"]
-    scale = _naive_scale(counts)
+    cv["chosen_at"] = TRAIN + (cv["cutoff"] + 1 - TRAIN) // rechoose * rechoose
+    scales = _naive_scales(counts)
     rows = []
     for view in ("unweighted", "weighted"):
         w = weights if view == "weighted" else np.ones(len(members))
@@ -69,36 +65,69 @@ def evaluate(trace: traces.Trace, population: str) -> list[dict[str, Any]]:
             at = cv[cv["step"] == horizon]
             row: dict[str, Any] = {"population": population, "view": view, "metric": f"h={horizon}"}
             for name in ("ensemble", "Naive", "SeasonalNaive60"):
-                mae, mase = _errors(at, name, names, w, scale)
+                mae, mase, rmsse = _errors(at, name, names, w, scales)
                 row[f"{name}_mae"], row[f"{name}_mase"] = round(mae, 4), round(mase, 4)
+                row[f"{name}_rmsse"] = round(rmsse, 4)
             rows.append(row)
-        rows.extend(_decisions(cv, counts, names, w, chosen, population, view))
+        rows.extend(_decisions(cv, counts, names, w, choices, population, view))
     return rows
 
 
-def _choose(counts: np.ndarray, names: list[str]) -> forecasting.Choice:
+def _rolling(
+    counts: np.ndarray, names: list[str], chosen: forecasting.Choice, windows: int
+) -> list[pd.DataFrame]:
+    """Forecasts from the last `windows` origins of `counts`, each function by its own models."""
+    plan_of = {n: chosen.models(n, "sparse") for n in names}  # a function silent so far: sparse
+    length = counts.shape[1]
+    parts = []
+    for short, later in sorted(set(plan_of.values())):  # each function runs only its own models
+        group = [i for i, n in enumerate(names) if plan_of[n] == (short, later)]
+        frame = pd.DataFrame(
+            {
+                "unique_id": np.repeat([names[i] for i in group], length),
+                "ds": np.tile(np.arange(length), len(group)),
+                "y": counts[group].ravel().astype(float),
+            }
+        )
+        engine = forecasting._engine(sorted({short, later, "Naive", "SeasonalNaive60"}))
+        part = engine.cross_validation(df=frame, h=HORIZON, step_size=STEP, n_windows=windows)
+        first = (part["ds"] - part["cutoff"]).to_numpy() <= forecasting.SHORT_STEPS
+        part = part.assign(ensemble=np.where(first, part[short], part[later]))
+        parts.append(part[["unique_id", "ds", "cutoff", "y", "ensemble", "Naive", "SeasonalNaive60"]])
+    return parts
+
+
+def _choose(counts: np.ndarray, names: list[str], end: int) -> forecasting.Choice:
     history = MinuteCounts()
     for name, row in zip(names, counts):
-        for minute in np.flatnonzero(row[:TRAIN]):
+        for minute in np.flatnonzero(row[:end]):
             history.add(name, int(minute), int(row[minute]))
-    return forecasting.Forecaster(history).choose(TRAIN, horizon=HORIZON)
+    return forecasting.Forecaster(history).choose(end, horizon=HORIZON)
 
 
-def _naive_scale(counts: np.ndarray) -> np.ndarray:
-    train = counts[:, :TRAIN].astype(float)
-    scale: np.ndarray = np.abs(np.diff(train, axis=1)).mean(axis=1)
-    return scale
+def _naive_scales(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each function's in-sample one-step persistence MAE and RMSE: MASE's and RMSSE's scales."""
+    steps = np.diff(counts[:, :TRAIN].astype(float), axis=1)
+    return np.abs(steps).mean(axis=1), np.sqrt((steps**2).mean(axis=1))
 
 
 def _errors(
-    at: pd.DataFrame, name: str, names: list[str], w: np.ndarray, scale: np.ndarray
-) -> tuple[float, float]:
-    per = (at[name] - at["y"]).abs().groupby(at["unique_id"]).mean().reindex(names).to_numpy()
+    at: pd.DataFrame, name: str, names: list[str], w: np.ndarray, scales: tuple[np.ndarray, np.ndarray]
+) -> tuple[float, float, float]:
+    """MAE, MASE and RMSSE (M5's scaled RMSE: a mean forecast is the best one under it, where
+    MAE's best is the median, zero for an intermittent series)."""
+    errors = at[name] - at["y"]
+    per = errors.abs().groupby(at["unique_id"]).mean().reindex(names).to_numpy()
+    rmse = np.sqrt((errors**2).groupby(at["unique_id"]).mean().reindex(names).to_numpy())
     keep = w > 0
     mae = float(np.average(per[keep], weights=w[keep]))
-    ok = keep & (scale > 0)
-    mase = float(np.average(per[ok] / scale[ok], weights=w[ok])) if ok.any() else float("nan")
-    return mae, mase
+    mae_scale, rmse_scale = scales
+    ok = keep & (mae_scale > 0)
+    if not ok.any():
+        return mae, float("nan"), float("nan")
+    mase = float(np.average(per[ok] / mae_scale[ok], weights=w[ok]))
+    rmsse = float(np.average(rmse[ok] / rmse_scale[ok], weights=w[ok]))
+    return mae, mase, rmsse
 
 
 def _decisions(
@@ -106,19 +135,27 @@ def _decisions(
     counts: np.ndarray,
     names: list[str],
     w: np.ndarray,
-    chosen: forecasting.Choice,
+    choices: dict[int, forecasting.Choice],
     population: str,
     view: str,
 ) -> list[dict[str, Any]]:
-    ensemble = cv.pivot_table(index=["unique_id", "cutoff"], columns="step", values="ensemble", sort=False)
+    ensemble = cv.pivot_table(
+        index=["unique_id", "cutoff", "chosen_at"], columns="step", values="ensemble", sort=False
+    )
     order = np.array([int(str(n).split("/")[1]) for n in ensemble.index.get_level_values(0)])
     cutoffs = ensemble.index.get_level_values(1).to_numpy()
+    chosen_at = ensemble.index.get_level_values(2).to_numpy()
     expected = np.clip(ensemble.to_numpy(), 0, None)  # (function x cutoff, horizon)
-    busy = np.count_nonzero(counts[:, :TRAIN], axis=1) / TRAIN >= forecasting.BUSY_SHARE
+    # Each function's class at each origin, from the minutes a fit sees (as `Forecaster.classes`).
+    invoked = np.concatenate([np.zeros((len(counts), 1)), np.cumsum(counts > 0, axis=1)], axis=1)
+    fit = forecasting.TRAINING_MINUTES
+    busy = (invoked[order, cutoffs + 1] - invoked[order, cutoffs + 1 - fit]) / fit >= forecasting.BUSY_SHARE
     p = np.empty_like(expected)  # P(any invocation within the first k minutes), per row and k
-    for kind, members in (("busy", busy[order]), ("sparse", ~busy[order])):
-        table = chosen.within.get(kind)
-        p[members] = np.array([forecasting.within_probability(row, table) for row in expected[members]])
+    for start, chosen in choices.items():
+        for kind, members in (("busy", busy), ("sparse", ~busy)):
+            rows = members & (chosen_at == start)
+            table = chosen.within.get(kind)
+            p[rows] = np.array([forecasting.within_probability(row, table) for row in expected[rows]])
     loaded_from, loaded_to, since = _hybrid_windows(counts, order, cutoffs)
     # As served (`Forecast.best_p_within`): the idle-time answer once a function has been invoked,
     # the model's before.
@@ -206,11 +243,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=SHARED_TRACE)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rechoose", type=int, default=RECHOOSE, help="minutes between model choices")
     args = parser.parse_args()
     if not trace_or_skip(args.trace):
         return
     trace = traces.load(args.trace)
-    rows = [row for population in traces.POPULATIONS for row in evaluate(trace, population)]
+    rows = [row for population in traces.POPULATIONS for row in evaluate(trace, population, args.rechoose)]
     if args.json:
         print(json.dumps(rows, indent=1))
         return

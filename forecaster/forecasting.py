@@ -5,7 +5,8 @@ Functions fall in two classes by how many of their recent minutes saw an invocat
 the seasonal models (SeasonalNaive at 60 and 1,440 minutes when history allows, AutoETS), and
 both have Naive (persistence), also the fallback of a series a model fails on. One
 `StatsForecast` call serves all functions of a class. `choose` runs a rolling-origin backtest
-(`cross_validation`) and keeps, per function, the model with the lowest MAE, that MAE relative
+(`cross_validation`) and keeps, per function, the model with the lowest MAE (one for the first
+minutes, one for the rest of the horizon), that MAE relative
 to persistence's, and a calibration from expected count to the observed frequency of at least one
 invocation in a minute (intermittent models give no intervals; this is the empirical
 answer). `forecast(now, horizon)` is pure given the history and the last choice.
@@ -33,7 +34,11 @@ FloatArray = npt.NDArray[np.float64]
 BUSY_SHARE = 0.5  # functions invoked in at least half of their recent minutes are "busy"
 TRAINING_MINUTES = 720  # the window each fit sees: 12 hours of minute counts
 BACKTEST_WINDOWS = 4  # rolling origins of the model-choice backtest
+BACKTEST_STEP = 30  # minutes between them
 SWITCH_MARGIN = 0.05  # a model replaces persistence only with a backtest MAE 5 % lower
+# The first minutes get their own choice: persistence is hard to beat a minute ahead and
+# easy to beat half an hour ahead, so one model for the whole horizon is wrong at one end.
+SHORT_STEPS = 5
 CALIBRATION_EDGES = np.array([0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, np.inf])
 
 
@@ -48,11 +53,12 @@ class Forecast:
     p_within: FloatArray  # probability of at least one invocation within the first k minutes
     prewarm_minutes: float  # hybrid histogram windows after the last invocation
     keepalive_minutes: float
-    model: str
-    relative_mae: float | None  # backtest MAE of the chosen model / that of persistence (< 1 beats it)
+    model: str  # for minutes after the first SHORT_STEPS
+    relative_mae: float | None  # backtest MAE of the chosen models / that of persistence (< 1 beats it)
     # P(next invocation within the first k minutes) from the function's own idle times since its
     # last invocation (`idletimes`); None where they say too little.
     p_within_idle: FloatArray | None = None
+    short_model: str | None = None  # for the first SHORT_STEPS minutes; None: `model`
 
     def later(self, minutes: int, p_within_idle: FloatArray | None = None) -> Forecast:
         """This forecast `minutes` on (the first minutes dropped), with the idle-time answer for
@@ -83,6 +89,7 @@ class Forecast:
             "prewarm_minutes": round(self.prewarm_minutes, 3),
             "keepalive_minutes": round(self.keepalive_minutes, 3),
             "model": self.model,
+            "short_model": self.short_model or self.model,
             "relative_mae": None if self.relative_mae is None else round(self.relative_mae, 4),
             "p_within_idle": None
             if self.p_within_idle is None
@@ -94,10 +101,16 @@ class Forecast:
 class Choice:
     """The outcome of the last backtest: a model per function, errors, the calibration."""
 
-    model: dict[str, str] = field(default_factory=dict)
+    model: dict[str, str] = field(default_factory=dict)  # for minutes after the first SHORT_STEPS
+    short_model: dict[str, str] = field(default_factory=dict)  # for the first SHORT_STEPS minutes
     relative_mae: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, FloatArray] = field(default_factory=dict)  # class -> P(>=1) per edge bin
     within: dict[str, FloatArray] = field(default_factory=dict)  # class -> P(any) per k bucket and bin
+
+    def models(self, function: str, kind: str) -> tuple[str, str]:
+        """(first minutes, the rest): the backtest's picks, or the class default before one."""
+        later = self.model.get(function, DEFAULT_MODEL[kind])
+        return self.short_model.get(function, later), later
 
 
 SPARSE_MODELS = ("CrostonSBA", "ADIDA", "IMAPA", "TSB", "Naive")
@@ -177,7 +190,7 @@ class Forecaster:
                 names = candidates(kind, self.training_minutes, with_ets=with_ets)
                 frame = self._frame(members, histories, end_minute)
                 backtest = _engine(names).cross_validation(
-                    df=frame, h=horizon, step_size=horizon, n_windows=BACKTEST_WINDOWS
+                    df=frame, h=horizon, step_size=BACKTEST_STEP, n_windows=BACKTEST_WINDOWS
                 )
                 backtests.append(_pick(backtest, names, choice))
             chosen = pd.concat(backtests)
@@ -192,27 +205,34 @@ class Forecaster:
         windows = _hybrid_windows(histories)
         out: dict[str, Forecast] = {}
         for kind, functions in self.classes(end_minute, histories).items():
+            plans = {function: self.choice.models(function, kind) for function in functions}
             by_model: dict[str, list[str]] = {}
-            for function in functions:
-                by_model.setdefault(self.choice.model.get(function, DEFAULT_MODEL[kind]), []).append(function)
+            for function, plan in plans.items():
+                for name in dict.fromkeys(plan):
+                    by_model.setdefault(name, []).append(function)
+            predicted: dict[tuple[str, str], FloatArray] = {}
             for name, members in by_model.items():
                 frame = self._frame(members, histories, end_minute)
-                predicted = _engine([name]).forecast(df=frame, h=horizon)
-                for function, rows in predicted.groupby("unique_id", sort=False):
-                    expected = np.clip(rows[name].to_numpy(dtype=np.float64), 0.0, None)
-                    prewarm, keepalive = windows[str(function)]
-                    out[str(function)] = Forecast(
-                        function=str(function),
-                        start_minute=end_minute,
-                        expected=expected,
-                        p_invoked=probability(expected, self.choice.calibration.get(kind)),
-                        p_within=within_probability(expected, self.choice.within.get(kind)),
-                        prewarm_minutes=prewarm,
-                        keepalive_minutes=keepalive,
-                        model=name,
-                        relative_mae=self.choice.relative_mae.get(str(function)),
-                        p_within_idle=idle_within(histories[str(function)], horizon, (prewarm, keepalive)),
-                    )
+                for function, rows in _engine([name]).forecast(df=frame, h=horizon).groupby("unique_id"):
+                    predicted[name, str(function)] = rows[name].to_numpy(dtype=np.float64)
+            for function, (short, later) in plans.items():
+                expected = predicted[later, function].copy()
+                expected[:SHORT_STEPS] = predicted[short, function][:SHORT_STEPS]
+                expected = np.clip(expected, 0.0, None)
+                prewarm, keepalive = windows[function]
+                out[function] = Forecast(
+                    function=function,
+                    start_minute=end_minute,
+                    expected=expected,
+                    p_invoked=probability(expected, self.choice.calibration.get(kind)),
+                    p_within=within_probability(expected, self.choice.within.get(kind)),
+                    prewarm_minutes=prewarm,
+                    keepalive_minutes=keepalive,
+                    model=later,
+                    short_model=short,
+                    relative_mae=self.choice.relative_mae.get(function),
+                    p_within_idle=idle_within(histories[function], horizon, (prewarm, keepalive)),
+                )
         return out
 
     def _frame(
@@ -259,27 +279,44 @@ def _engine(names: Sequence[str]) -> StatsForecast:
 
 
 def _pick(backtest: pd.DataFrame, names: Sequence[str], choice: Choice) -> pd.DataFrame:
-    """Record each function's best model (lowest backtest MAE); the backtest with `chosen`."""
+    """Record each function's best models (lowest backtest MAE) for the first SHORT_STEPS
+    minutes and for the rest; the backtest with `chosen`, what those picks forecast."""
     errors = backtest.assign(**{n: (backtest[n] - backtest["y"]).abs() for n in names})
+    short = (backtest["ds"] - backtest["cutoff"]).to_numpy() <= SHORT_STEPS
+    short_best, later_best = (_best(errors[rows], names) for rows in (short, ~short))
+    for function, name in later_best.items():
+        choice.model[str(function)] = str(name)
+        choice.short_model[str(function)] = str(short_best[function])
+    picked = np.where(
+        short,
+        _chosen_column(backtest, short_best),
+        _chosen_column(backtest, later_best),
+    )
+    chosen = backtest.assign(chosen=picked)
+    mae = (chosen["chosen"] - chosen["y"]).abs().groupby(chosen["unique_id"]).mean()
+    persistence = errors.groupby("unique_id")["Naive"].mean()
+    for function, value in mae.items():
+        if persistence[function] > 0:
+            choice.relative_mae[str(function)] = float(value / persistence[function])
+    return chosen
+
+
+def _best(errors: pd.DataFrame, names: Sequence[str]) -> pd.Series:
+    """Per function, the model with the lowest mean error; persistence unless one beats it
+    clearly (small backtest wins do not carry)."""
     mae = errors.groupby("unique_id")[list(names)].mean()
     best = mae.idxmin(axis=1)
-    persistence = mae["Naive"]
-    # A model must beat persistence clearly to replace it: small backtest wins do not carry.
-    best = best.where(mae.min(axis=1) < (1.0 - SWITCH_MARGIN) * persistence, "Naive")
-    for function, name in best.items():
-        choice.model[str(function)] = str(name)
-        if persistence[function] > 0:
-            choice.relative_mae[str(function)] = float(mae.at[function, name] / persistence[function])
-    return _chosen_column(backtest, best)
+    return best.where(mae.min(axis=1) < (1.0 - SWITCH_MARGIN) * mae["Naive"], "Naive")
 
 
-def _chosen_column(backtest: pd.DataFrame, best: pd.Series) -> pd.DataFrame:
-    """The backtest forecast of each row's chosen model, as column `chosen`."""
+def _chosen_column(backtest: pd.DataFrame, best: pd.Series) -> FloatArray:
+    """Per backtest row, the forecast of the model `best` names for its function."""
     picked = np.empty(len(backtest))
+    of_row = backtest["unique_id"].map(best).to_numpy()
     for model in best.unique():
-        rows = backtest["unique_id"].map(best).to_numpy() == model
+        rows = of_row == model
         picked[rows] = backtest.loc[rows, model].to_numpy()
-    return backtest.assign(chosen=picked)
+    return picked
 
 
 def _calibrate(expected: FloatArray, observed: FloatArray) -> FloatArray:

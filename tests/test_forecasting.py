@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from forecaster.forecasting import CALIBRATION_EDGES, Forecaster, probability
+from forecaster.forecasting import CALIBRATION_EDGES, SHORT_STEPS, Forecaster, probability
 from forecaster.history import MinuteCounts
 
 END = 10_000  # minutes since the epoch: any fixed "now"
@@ -82,3 +82,25 @@ def test_a_function_never_seen_has_no_forecast(forecaster: Forecaster) -> None:
 def test_forecasts_carry_the_hybrid_windows_after_the_observed_idle_times(forecaster: Forecaster) -> None:
     hourly = forecaster.forecast(END, horizon=5)["ns/hourly"]  # idle 60 minutes, always
     assert (hourly.prewarm_minutes, hourly.keepalive_minutes) == pytest.approx((60 * 0.9, 61 * 1.1))
+
+
+def test_the_first_minutes_follow_their_own_model(forecaster: Forecaster) -> None:
+    """A function's first SHORT_STEPS minutes come from the short-horizon pick, the rest from
+    the other: here persistence first, then last hour's counts."""
+    history = forecaster.counts.series("ns/busy", END, 60)
+    forecaster.choice.short_model["ns/busy"], forecaster.choice.model["ns/busy"] = "Naive", "SeasonalNaive60"
+    try:
+        f = forecaster.forecast(END, horizon=30)["ns/busy"]
+    finally:
+        forecaster.choose(END)
+    assert (f.short_model, f.model) == ("Naive", "SeasonalNaive60")
+    np.testing.assert_array_equal(f.expected[:SHORT_STEPS], np.full(SHORT_STEPS, history[-1]))
+    np.testing.assert_array_equal(f.expected[SHORT_STEPS:], history[SHORT_STEPS:30])
+    assert f.as_json()["short_model"] == "Naive"
+
+
+def test_the_choice_records_both_picks(forecaster: Forecaster) -> None:
+    choice = forecaster.choice
+    assert set(choice.short_model) == set(choice.model) == {"ns/hourly", "ns/busy", "ns/rare"}
+    assert all(choice.models(f, "busy") == (choice.short_model[f], choice.model[f]) for f in choice.model)
+    assert choice.models("ns/unknown", "sparse") == ("CrostonSBA", "CrostonSBA")
