@@ -249,16 +249,27 @@ def _quantity(raw: object, path: str, *, limit: int, milli: bool = False) -> int
     if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
         raise ObjectError(path, f"expected a quantity such as '500m' or '1Gi', got {raw!r}")
     try:
-        value = parse_quantity(raw) * (1000 if milli else 1)
-    except (ValueError, InvalidOperation, TypeError) as error:
-        raise ObjectError(path, f"{raw!r} is not a Kubernetes quantity") from error
-    if not isinstance(value, Decimal) or not value.is_finite():
-        raise ObjectError(path, f"{raw!r} is not a finite quantity")
-    if value < 0:
-        raise ObjectError(path, f"{raw!r} is negative")
+        value = _parsed_quantity(raw) * (1000 if milli else 1)
+    except ValueError as error:
+        raise ObjectError(path, str(error)) from None
     if value > limit:
         raise ObjectError(path, f"{raw!r} is larger than any real node")
     return math.ceil(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_quantity(raw: str | int | float) -> Decimal:
+    """A finite, non-negative quantity; cached because a cluster uses few distinct ones and
+    Decimal parsing is a fair share of an extender call."""
+    try:
+        value = parse_quantity(raw)
+    except (ValueError, InvalidOperation, TypeError) as error:
+        raise ValueError(f"{raw!r} is not a Kubernetes quantity") from error
+    if not isinstance(value, Decimal) or not value.is_finite():
+        raise ValueError(f"{raw!r} is not a finite quantity")
+    if value < 0:
+        raise ValueError(f"{raw!r} is negative")
+    return value
 
 
 def _required_affinity(spec: Json) -> tuple[NodeSelectorTerm, ...]:
