@@ -237,3 +237,30 @@ def test_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert cli.main([*argv, "--total-timesteps", "64"]) == 0
     assert (tmp_path / "model.pt").is_file() and (tmp_path / "learning_curve.png").is_file()
     assert not (tmp_path / "placement.onnx").exists()
+
+
+def test_shaping_credits_packing_by_the_idle_cpu_it_saves() -> None:
+    """Utilization only: a second pod beside the first lowers the occupied nodes' idle CPU
+    share by its request over the node's, and is credited that over the scale-down delay; one
+    on a fresh node leaves the share as it was and gets nothing."""
+
+    def second_reward(same_node: bool) -> float:
+        simulation = new_revision_on_two_nodes(pods=3)
+        utilization_only = ObjectiveWeights(utilization=1, qos=0, cost=0, other=0)
+        meter = environment.RewardMeter(simulation, utilization_only, 1.0)
+        steps = simulation.steps()
+        next(steps)
+        second = steps.send(0)
+        meter.take(now=second.now)
+        third = steps.send(0 if same_node else 1)
+        return meter.take(now=third.now)
+
+    simulation = new_revision_on_two_nodes(pods=3)
+    share = simulation.requests[0].cpu_milli / two_pool_cluster().pools[0].cpu_milli
+    assert second_reward(same_node=True) == pytest.approx(share * 600.0 / environment.REWARD_SCALE_S)
+    assert second_reward(same_node=False) == pytest.approx(0.0)
+
+
+def test_curriculum_up_to_48_nodes_is_the_default() -> None:
+    assert environment.Curriculum.up_to(48) == environment.Curriculum()
+    assert environment.Curriculum.up_to(96).stages[-1] == (40, 96)

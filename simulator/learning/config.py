@@ -35,6 +35,7 @@ class Args:
     shape_reward: bool = False  # potential-based shaping for node release (not in the shipped model)
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 45
+    largest_cluster: int = 48  # the curriculum's largest initial cluster (Curriculum.up_to)
     device: str = "auto"  # auto: CUDA when present
     export_onnx: bool = True
 

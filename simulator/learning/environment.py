@@ -64,6 +64,13 @@ class Curriculum:
     functions_per_node: tuple[float, float] = (2.0, 4.5)
     minutes: int = 45
 
+    @classmethod
+    def up_to(cls, largest: int, minutes: int = 45) -> Curriculum:
+        """Three stages ending at `largest` initial nodes (48 gives the default's)."""
+        n = largest
+        stages = ((n // 8, n // 3), (n // 4, 2 * n // 3), (5 * n // 12, n))
+        return cls(stages=stages, minutes=minutes)
+
     def stage(self, progress: float) -> tuple[int, int]:
         index = min(int(progress * len(self.stages)), len(self.stages) - 1)
         return self.stages[index]
@@ -207,11 +214,11 @@ class RewardMeter:
     in progress), weighted by priority; cold starts from scaling from zero happen wherever the
     pod goes and would only add noise to the signal.
 
-    Cost and energy move only when a node is released, ten idle minutes after its last pod
-    left: further than a per-decision discount sees. So the reward can add potential-based
-    shaping (Ng, Harada and Russell, 1999), which leaves the optimal policy unchanged: the
-    potential is minus what the occupied nodes commit the cluster to until they could be
-    released (their price and idle power over the scale-down delay).
+    Cost, energy and utilization move only when a node is released, ten idle minutes after its
+    last pod left: further than a per-decision discount sees. So the reward can add
+    potential-based shaping (Ng, Harada and Russell, 1999), which leaves the optimal policy
+    unchanged: the potential is minus what the occupied nodes commit the cluster to until they
+    could be released (their price, idle power and unallocated CPU over the scale-down delay).
     """
 
     def __init__(self, simulation: Simulation, weights: ObjectiveWeights, gamma: float | None = None) -> None:
@@ -229,11 +236,15 @@ class RewardMeter:
     def _potential(self) -> float:
         if self.gamma is None:
             return 0.0
-        occupied = self.nodes.alive & (self.nodes.pod_count > 0)
-        price_per_s = float(self.nodes.price[occupied].sum()) / 3600.0
+        nodes = self.nodes
+        occupied = nodes.alive & (nodes.pod_count > 0)
+        price_per_s = float(nodes.price[occupied].sum()) / 3600.0
         watts = float(self.idle_watts[occupied].sum())
+        capacity = int(nodes.cpu_allocatable[occupied].sum())
+        idle_share = 1.0 - int(nodes.cpu_requested[occupied].sum()) / capacity if capacity else 0.0
         committed = self.weights.cost * price_per_s / max(self.cost_rate, 1e-9)
         committed += self.weights.other * watts / max(self.watts, 1e-9)
+        committed += self.weights.utilization * idle_share
         return -committed * SCALE_DOWN_UNNEEDED_S / REWARD_SCALE_S
 
     def _totals(self) -> tuple[float, float, float, float]:

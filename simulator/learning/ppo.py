@@ -53,7 +53,9 @@ def make_envs(args: Args) -> tuple[gym.vector.SyncVectorEnv, environment.Scenari
     trace = traces.load(args.trace)
     shapes = clusterspec.load(args.shapes).pools
     scenarios = environment.Scenarios(
-        trace=trace, shapes=shapes, curriculum=environment.Curriculum(minutes=args.episode_minutes)
+        trace=trace,
+        shapes=shapes,
+        curriculum=environment.Curriculum.up_to(args.largest_cluster, args.episode_minutes),
     )
 
     def make() -> gym.Env[Any, Any]:
