@@ -4,12 +4,13 @@
     python -m bench.forecast_accuracy --json
 
 Per population, unweighted and weighted by `occ_ref_samples`:
-- expected counts: MAE and MASE at horizons 1, 5 and 30 minutes of the chosen-per-function
+- expected counts: MAE, MASE and RMSSE at horizons 1, 5 and 30 minutes of the chosen-per-function
   ensemble (models chosen by a backtest inside the first 12 hours only; `--rechoose 60`
   re-chooses every hour from the history up to then, as `kdrl serve` does) against Naive
   (persistence) and SeasonalNaive(60). Forecasts start every 30 minutes of the last 12 hours
   (rolling origin, refitted on everything before). MASE scales each function's MAE by its
-  in-sample one-step persistence MAE (functions with none are left out of MASE).
+  in-sample one-step persistence MAE (functions with none are left out), RMSSE its RMSE by
+  that of persistence.
 - the decision that matters, "invoked within the next 1 / 5 / 10 minutes": Brier score of the
   ensemble's `p_within` (calibrated on the backtest against the expected total), and
   precision/recall of both the ensemble (probability >= 0.5) and the hybrid histogram's own
