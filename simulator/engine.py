@@ -5,8 +5,9 @@ by a seeded multinomial: a Poisson process given its count) and stay in flight f
 drawn from the function's percentiles. Busy functions are thereby simulated in aggregate
 (per-second arrivals and concurrency); cold-start accounting is per request all the same: a
 request that finds no ready pod waits in the activator until one is ready, and that wait is
-its cold start. The KPA (`knative`) turns concurrency into desired pods; keep-alive policies
-act as Knative operators would, by raising `min-scale` over the windows they choose.
+its cold start (or the request timeout, when the activator gives up first). The KPA
+(`knative`) turns concurrency into desired pods; keep-alive policies act as Knative operators
+would, by raising `min-scale` over the windows they choose.
 
 A new pod is placed by the `PlacementPolicy` through the shared filter, like the extender
 does, and starts after: scheduling, the image pull when the node lacks the image, container
@@ -48,6 +49,10 @@ COMPLETION_RING_S = 3600  # longest modelled request; longer ones are cut to an 
 METRICS_EVERY_S = 10
 LATENCY_BIN_S = 0.05
 LATENCY_BINS = 24_000  # 0..1200 s
+# Knative's `revision-timeout-seconds` default: a request still buffered in the activator after
+# this long fails (504). Without it, a pod that cannot be placed for hours would make each of its
+# requests wait hours, and those few waits would drown every other start delay in the totals.
+REQUEST_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +116,7 @@ class RunResult:
     wasted_mb_s: FloatArray  # per function: memory of idle ready pods over time
     latency_hist: dict[Priority, FloatArray]  # start-delay histograms of cold requests per class
     warm_requests: dict[Priority, int]
+    timed_out: dict[Priority, int]  # requests the activator gave up on (counted in latency_hist too)
     pulls: int  # image pulls for pods being placed (their start waits for them)
     prepulls: int  # image pulls the prewarm planner asked for ahead of any pod
     pods_started: int
@@ -188,6 +194,7 @@ class Simulation:
         self.pending: list[int] = []  # functions with a pod waiting for room
         self.room_changed = False  # a pod left or a node joined since pending pods last tried
         self._stuck_now: set[int] = set()
+        self._no_room: set[int] = set()  # functions no node can be added for, until promises reset
         self.starting: list[tuple[float, int]] = []  # heap of (ready_at, pod id)
         # The keep-alive window in force per function: min-scale 1 from `warm_from` until
         # `warm_until`. The windows chosen after an invocation replace those before it, as the
@@ -207,6 +214,7 @@ class Simulation:
             wasted_mb_s=np.zeros(n),
             latency_hist={p: np.zeros(LATENCY_BINS) for p in priorities},
             warm_requests=dict.fromkeys(priorities, 0),
+            timed_out=dict.fromkeys(priorities, 0),
             pulls=0,
             prepulls=0,
             pods_started=0,
@@ -269,7 +277,9 @@ class Simulation:
     def _step(self, t: int, arrivals: IntArray) -> Generator[Decision, int, None]:
         now = float(t)
         self._stuck_now = set()  # functions whose pod found no room this second
+        self._no_room = set()
         self._start_ready_pods(now + 0.5)
+        self._time_out_requests(now)
         slot = t % COMPLETION_RING_S
         self.inflight -= self.completions[slot]
         self.completions[slot] = 0.0
@@ -336,7 +346,7 @@ class Simulation:
     def _create_pod(self, function: int, now: float) -> Generator[Decision, int, None]:
         self.current[function] += 1
         if function in self._stuck_now:  # its pod before found no room: this one waits too
-            self._request_node(self.requests[function], now)
+            self._request_node(function, now)
             self.pending.append(function)
         elif not (yield from self._place(function, now)):
             self._stuck_now.add(function)
@@ -348,7 +358,7 @@ class Simulation:
         started = time.perf_counter()
         feasible = filtering.filter_nodes(pod, table, explain=False).feasible
         if not feasible.any():
-            self._request_node(pod, now)
+            self._request_node(function, now)
             return False
         row = yield Decision(now=now, function=function, pod=pod, nodes=table, feasible=feasible)
         self.result.decision_us.append((time.perf_counter() - started) * 1e6)
@@ -374,18 +384,21 @@ class Simulation:
     def _images_in_use(self, node: int) -> set[str]:
         return {QUEUE_PROXY_IMAGE} | {self.image_of[service] for service in self.nodes.function_pods[node]}
 
-    def _request_node(self, pod: PodRequest, now: float) -> None:
-        self.nodes.request_room(pod, now)
+    def _request_node(self, function: int, now: float) -> None:
+        # Pods of a function are alike: once no pool can grow for one, the rest need not ask.
+        if function not in self._no_room and not self.nodes.request_room(self.requests[function], now):
+            self._no_room.add(function)
 
     def _place_pending(self, now: float) -> Generator[Decision, int, None]:
         """Retry waiting pods in order; once one of a function fails, its others wait too."""
         self.room_changed = False
         self.nodes.forget_promises()  # every waiting pod asks again below
+        self._no_room.clear()
         waiting, self.pending = self.pending, []
         stuck: set[int] = set()
         for function in waiting:
             if function in stuck:
-                self._request_node(self.requests[function], now)
+                self._request_node(function, now)
                 self.pending.append(function)
             elif not (yield from self._place(function, now)):
                 stuck.add(function)
@@ -418,17 +431,29 @@ class Simulation:
             self._release_buffered(pod.function, ready_at)
 
     def _release_buffered(self, function: int, ready_at: float) -> None:
-        priority = self.functions[function].priority
-        hist, meters = self.result.latency_hist[priority], self.result.meters
-        weight, target = PRIORITY_WEIGHT[priority], SLA_TARGET_S[priority]
         for arrived, count in self.buffered[function]:
-            wait = max(ready_at - arrived, 0.0)
-            hist[min(int(wait / LATENCY_BIN_S), LATENCY_BINS - 1)] += count
-            meters.weighted_cold_s += weight * wait * count
-            if wait > target:
-                meters.weighted_sla_violations += weight * count
+            self._record_wait(function, max(ready_at - arrived, 0.0), count)
         self.buffered[function].clear()
         self.waiting[function] = False
+
+    def _time_out_requests(self, now: float) -> None:
+        """The activator fails requests buffered for `REQUEST_TIMEOUT_S`: each counts as having
+        waited exactly that long (and so missed its SLA)."""
+        for function in np.flatnonzero(self.waiting).tolist():
+            buffered = self.buffered[function]
+            while buffered and buffered[0][0] + REQUEST_TIMEOUT_S <= now:
+                _, count = buffered.pop(0)
+                self._record_wait(function, REQUEST_TIMEOUT_S, count)
+                self.result.timed_out[self.functions[function].priority] += count
+            self.waiting[function] = bool(buffered)
+
+    def _record_wait(self, function: int, wait: float, count: int) -> None:
+        priority = self.functions[function].priority
+        weight = PRIORITY_WEIGHT[priority]
+        self.result.latency_hist[priority][min(int(wait / LATENCY_BIN_S), LATENCY_BINS - 1)] += count
+        self.result.meters.weighted_cold_s += weight * wait * count
+        if wait > SLA_TARGET_S[priority]:
+            self.result.meters.weighted_sla_violations += weight * count
 
     # -- accounting -------------------------------------------------------------------
     def _account(self, now: float) -> None:

@@ -232,8 +232,9 @@ class Nodes:
             ]
         )
 
-    def request_room(self, pod: PodRequest, now: float) -> None:
-        """Promise `pod` room on a provisioning node, adding a node when none has room left."""
+    def request_room(self, pod: PodRequest, now: float) -> bool:
+        """Promise `pod` room on a provisioning node, adding a node when none has room left;
+        False when no pool may grow to hold it."""
         provisioning = self.alive & (self.ready_at > now)
         room = (
             provisioning
@@ -243,9 +244,11 @@ class Nodes:
         )
         candidates = np.flatnonzero(room)
         node = int(candidates[0]) if candidates.size else self.scale_up(pod, now)
-        if node is not None:
-            self.promised_cpu[node] += pod.cpu_milli
-            self.promised_memory[node] += pod.memory_bytes
+        if node is None:
+            return False
+        self.promised_cpu[node] += pod.cpu_milli
+        self.promised_memory[node] += pod.memory_bytes
+        return True
 
     def forget_promises(self) -> None:
         self.promised_cpu[:] = 0

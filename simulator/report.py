@@ -70,6 +70,7 @@ def cluster_entry(result: RunResult, weights: FloatArray, seconds: float) -> dic
             "sla_violation_pct": _round(100.0 * late / total) if total else 0.0,
             "start_delay_p50_s": _round(_hist_percentile(hist, 50, zeros=warm)),
             "start_delay_p99_s": _round(_hist_percentile(hist, 99, zeros=warm)),
+            "timed_out": result.timed_out[priority],
         }
     return {
         **cold_start_summary(result.invocations, result.cold_starts, weights),
@@ -77,6 +78,7 @@ def cluster_entry(result: RunResult, weights: FloatArray, seconds: float) -> dic
         "cold_start_latency_p50_s": _round(_hist_percentile(latency, 50)),
         "cold_start_latency_p99_s": _round(_hist_percentile(latency, 99)),
         "sla_violation_pct": {name: c["sla_violation_pct"] for name, c in per_class.items()},
+        "timed_out_requests": sum(result.timed_out.values()),
         "priority_classes": per_class,
         "cpu_alloc_utilization": _round(float(np.mean(series["cpu_allocation"]))),
         "memory_alloc_utilization": _round(float(np.mean(series["memory_allocation"]))),

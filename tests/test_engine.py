@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from policies import heuristics
+from policies.objectives import PRIORITY_WEIGHT
 from policies.types import Priority
 from simulator import clusterspec, engine, keepalive, report, traces
 from simulator.workload import FunctionSpec, Workload
@@ -196,3 +197,19 @@ def test_windows_after_an_invocation_replace_the_earlier_ones() -> None:
         seed=1,
     ).run()
     assert result.cold_starts[0] == 2  # minute 0 and minute 20; minute 2 was warm
+
+
+def test_requests_for_a_pod_that_never_fits_time_out_in_the_activator() -> None:
+    # Two GPUs per pod: no pool of `small` has them, so no pod ever starts.
+    result = simulate({0: 1, 10: 1}, workload=one_function(gpu=2))
+    weight = PRIORITY_WEIGHT[Priority.HIGH]
+    assert result.timed_out[Priority.HIGH] == 2
+    assert result.meters.weighted_cold_s == pytest.approx(2 * weight * engine.REQUEST_TIMEOUT_S)
+    assert result.meters.weighted_sla_violations == 2 * weight
+    hist = result.latency_hist[Priority.HIGH]
+    assert np.flatnonzero(hist).tolist() == [int(engine.REQUEST_TIMEOUT_S / engine.LATENCY_BIN_S)]
+
+
+def test_a_request_served_before_the_timeout_is_not_timed_out() -> None:
+    result = simulate({0: 1})
+    assert sum(result.timed_out.values()) == 0 and result.latency_hist[Priority.HIGH].sum() == 1
