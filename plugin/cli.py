@@ -227,6 +227,7 @@ def _print_simulation(result: dict[str, Any], out: Path, console: Console) -> No
         ("wasted mem", "wasted_memory_norm"),
         ("cold p50 s", "cold_start_latency_p50_s"),
         ("cold p99 s", "cold_start_latency_p99_s"),
+        ("timeouts", "timed_out_requests"),
         ("CPU alloc", "cpu_alloc_utilization"),
         ("cost $", "cost_usd"),
         ("energy kWh", "energy_kwh"),

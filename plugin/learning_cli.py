@@ -181,6 +181,7 @@ COLUMNS = (
     ("SLA crit %", "sla_violation_pct_critical", 2),
     ("SLA high %", "sla_violation_pct_high", 2),
     ("pulls", "image_pulls", 0),
+    ("timeouts", "timed_out_requests", 0),
 )
 
 

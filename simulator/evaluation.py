@@ -77,6 +77,7 @@ def run(trace: traces.Trace, case: Case, policy: PlacementPolicy) -> dict[str, A
         "cold_start_latency_p99_s": entry["cold_start_latency_p99_s"],
         "sla_violation_pct": entry["sla_violation_pct"],
         "image_pulls": entry["image_pulls"],
+        "timed_out_requests": entry["timed_out_requests"],
         "nodes_mean": entry["nodes_mean"],
     }
 
@@ -166,6 +167,7 @@ def _summary(
         "sla_violation_pct_critical": [o["sla_violation_pct"]["critical"] for _, o in mine],
         "sla_violation_pct_high": [o["sla_violation_pct"]["high"] for _, o in mine],
         "image_pulls": [float(o["image_pulls"]) for _, o in mine],
+        "timed_out_requests": [float(o["timed_out_requests"]) for _, o in mine],
         "nodes_mean": [o["nodes_mean"] for _, o in mine],
     }
     entry: dict[str, Any] = {"cluster": cluster, "policy": name, "seeds": len(mine)}
