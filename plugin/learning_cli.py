@@ -86,6 +86,8 @@ def _train(args: argparse.Namespace) -> int:
     options = config.Args(**{k: v for k, v in vars(args).items() if k in fields})
     if options.total_timesteps < options.batch_size:
         raise SettingsError(f"--total-timesteps must be at least one batch ({options.batch_size})")
+    if options.imitate and options.imitate not in heuristics.HEURISTIC_NAMES:
+        raise SettingsError(f"--imitate takes a heuristic: {', '.join(heuristics.HEURISTIC_NAMES)}")
     console = Console(stderr=True)
     updates = max(options.total_timesteps // options.batch_size, 1)
     with Progress(
@@ -102,6 +104,7 @@ def _train(args: argparse.Namespace) -> int:
             v = progress.values
             status = (
                 f"return {v['episodic_return']:.2f}  kl {v['approx_kl']:.4f}  {v['steps_per_s']:.0f} steps/s"
+                + ("  (imitating)" if v["imitating"] else "")
             )
             bar.update(task, completed=update, status=status)
 

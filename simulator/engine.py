@@ -226,7 +226,7 @@ class Simulation:
 
     def run(self) -> RunResult:
         """The whole run, each pod placed where the placement policy scores highest."""
-        return drive(self.steps(), self._choose)
+        return drive(self.steps(), lambda decision: best_row(self.placement, decision))
 
     def steps(self) -> Steps:
         """The run as a coroutine: whoever drives it (`run`, a learning environment) answers
@@ -246,11 +246,6 @@ class Simulation:
             self._record_minute(minute)
         self._finish(minutes * 60.0)
         return self.result
-
-    def _choose(self, decision: Decision) -> int:
-        feasible = np.flatnonzero(decision.feasible)
-        nodes = decision.nodes if feasible.size == len(decision.nodes) else decision.nodes.take(feasible)
-        return int(feasible[int(np.argmax(self.placement.score(decision.pod, nodes)))])
 
     # -- one second -------------------------------------------------------------------
     def _arrivals(self, minute: int) -> IntArray:
@@ -485,6 +480,13 @@ class Simulation:
                 self._release_buffered(function, end)
         for priority, count in zip(Priority, self.warm_by_class.tolist()):
             self.result.warm_requests[priority] = count
+
+
+def best_row(policy: PlacementPolicy, decision: Decision) -> int:
+    """The feasible row `policy` scores highest."""
+    feasible = np.flatnonzero(decision.feasible)
+    nodes = decision.nodes if feasible.size == len(decision.nodes) else decision.nodes.take(feasible)
+    return int(feasible[int(np.argmax(policy.score(decision.pod, nodes)))])
 
 
 def drive(steps: Steps, choose: Callable[[Decision], int]) -> RunResult:

@@ -32,6 +32,8 @@ class Args:
     vf_coef: float = 0.5  # c1, weight of L^VF
     max_grad_norm: float = 0.5
     target_kl: float | None = 0.03  # stop an update's epochs early past this KL
+    imitate: str = ""  # a heuristic (e.g. tuned) whose choices the actor first learns to copy
+    imitate_timesteps: int = 100_000  # placements chosen by that heuristic, before PPO takes over
     shape_reward: bool = False  # potential-based shaping for node release (not in the shipped model)
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 45

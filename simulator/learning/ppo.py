@@ -3,8 +3,11 @@
 Loss terms carry the names of Schulman et al. (2017): the clipped surrogate objective L^CLIP,
 the value loss L^VF and the entropy bonus S; advantages by GAE (Schulman et al., 2016).
 Episodes come from the training split only (`environment.TRAIN_MINUTES`), through a curriculum
-over cluster sizes and node mixes. Writes `progress.csv`, TensorBoard scalars,
-`learning_curve.png`, the checkpoint and the exported ONNX model to `out`.
+over cluster sizes and node mixes. Optionally, the first updates are behaviour cloning: a
+heuristic places the pods and the actor learns its choices (cross-entropy) while the critic
+learns their values, so that PPO starts from a policy that packs, say, and improves on it.
+Writes `progress.csv`, TensorBoard scalars, `learning_curve.png`, the checkpoint and the
+exported ONNX model to `out`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from policies import features
-from simulator import clusterspec, plots, traces
+from policies import features, registry
+from policies.placement import PlacementPolicy
+from simulator import clusterspec, engine, plots, traces
 from simulator.learning import environment, export
 from simulator.learning.config import Args
 from simulator.learning.network import ActorCritic
@@ -103,8 +107,11 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
     episode_returns: list[float] = []
     running_return = np.zeros(args.num_envs)
     reward_scale = RewardScale(args.num_envs, args.gamma)
+    teacher = registry.load(args.imitate, seed=args.seed).policy if args.imitate else None
+    imitation_updates = args.imitate_timesteps // args.batch_size if teacher else 0
 
     for update in range(1, updates + 1):
+        imitating = update <= imitation_updates
         fraction = (update - 1) / updates
         scenarios.progress = fraction
         if args.anneal_lr:
@@ -118,7 +125,11 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
             with torch.no_grad():
                 logits, value = model(nodes, mask, pod, cluster)
                 distribution = torch.distributions.Categorical(logits=logits)
-                action = distribution.sample()
+                if imitating:
+                    assert teacher is not None
+                    action = torch.as_tensor(teacher_actions(envs, teacher), device=device)
+                else:
+                    action = distribution.sample()
             values[step], actions[step], logprobs[step] = value, action, distribution.log_prob(action)
             obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
             running_return += reward
@@ -167,10 +178,12 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
                 adv = b_advantages[mb]
                 if args.norm_adv:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                # L^CLIP, as a loss to minimise
-                policy_loss = torch.max(
-                    -adv * ratio, -adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                ).mean()
+                if imitating:  # behaviour cloning: the negative log-likelihood of the teacher's choice
+                    policy_loss = -new_logprob.mean()
+                else:  # L^CLIP, as a loss to minimise
+                    policy_loss = torch.max(
+                        -adv * ratio, -adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    ).mean()
                 # L^VF, optionally clipped around the rollout's values
                 if args.clip_vloss:
                     clipped = b_values[mb] + torch.clamp(
@@ -188,7 +201,7 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
                 loss.backward()
                 nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 optimizer.step()
-            if args.target_kl is not None and float(approx_kl) > args.target_kl:
+            if not imitating and args.target_kl is not None and float(approx_kl) > args.target_kl:
                 break
 
         recent = episode_returns[-20:]
@@ -205,6 +218,7 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
             "approx_kl": float(approx_kl),
             "clipfrac": float(np.mean(clipfracs)),
             "curriculum_stage": float(scenarios.curriculum.stage(fraction)[1]),
+            "imitating": float(imitating),
         }
         log.write(stats)
         for key, value in stats.items():
@@ -221,6 +235,12 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
     if args.export_onnx:
         export.export(model, args.out / "placement.onnx", _config(args))
     return model
+
+
+def teacher_actions(envs: gym.vector.SyncVectorEnv, teacher: PlacementPolicy) -> np.ndarray:
+    """Each environment's pending decision answered by `teacher`, as the simulator would."""
+    decisions = [env.unwrapped.decision for env in envs.envs]  # type: ignore[attr-defined]
+    return np.array([engine.best_row(teacher, d) if d is not None else 0 for d in decisions])
 
 
 class RewardScale:
