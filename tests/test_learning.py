@@ -146,21 +146,16 @@ def test_network_is_permutation_equivariant_and_any_size() -> None:
         torch.testing.assert_close(scorer(nodes[order], pod, cluster), logits[order], rtol=1e-5, atol=1e-5)
 
 
+def tiny_run(out: Path, **changes: object) -> Args:
+    """A training run of a few small batches (64 placements each), no time budget."""
+    tiny = Args(out=out, num_envs=2, num_steps=64, num_minibatches=2, hidden=16, time_budget_s=0)
+    return dataclasses.replace(tiny, **changes)  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("train")
-    args = Args(
-        out=out,
-        total_timesteps=256,
-        num_envs=2,
-        num_steps=64,
-        num_minibatches=2,
-        update_epochs=1,
-        episode_minutes=5,
-        hidden=16,
-        time_budget_s=0,
-    )
-    ppo.train(args)
+    ppo.train(tiny_run(out, total_timesteps=256, update_epochs=1, episode_minutes=5))
     return out
 
 
@@ -270,15 +265,10 @@ def test_curriculum_up_to_48_nodes_is_the_default() -> None:
 def test_behaviour_cloning_learns_the_teachers_choices(tmp_path: Path) -> None:
     """Imitation updates only (most-allocated places every pod): on decisions not trained on,
     the actor's first choice is one of most-allocated's best nodes far more often than chance."""
-    args = Args(
-        out=tmp_path,
+    args = tiny_run(
+        tmp_path,
         total_timesteps=1024,
-        num_envs=2,
-        num_steps=64,
-        num_minibatches=2,
         episode_minutes=10,
-        hidden=16,
-        time_budget_s=0,
         imitate="most-allocated",
         imitate_timesteps=1024,
         export_onnx=False,
