@@ -141,9 +141,10 @@ class HistorySettings:
 @dataclass(frozen=True)
 class PolicySettings:
     name: str = _setting(
-        "onnx",
+        "tuned",
         "KDRL_POLICY",
-        "Placement policy (onnx: the shipped learned model; kube-default if it cannot load).",
+        "Placement policy (tuned: the grid-searched heuristic; onnx: the learned model; "
+        "kube-default if their file cannot load).",
         choices=registry.PLACEMENT_NAMES,
     )
     seed: int = _setting(0, "KDRL_POLICY_SEED", "Seed of the random policy (for reproducible runs).")

@@ -220,7 +220,7 @@ TUNED_WEIGHTS = Path(__file__).resolve().parent / "models" / "tuned.json"
 
 
 def tuned(path: Path = TUNED_WEIGHTS) -> WeightedSumPolicy:
-    """The best tuned heuristic: weights grid-searched on the training split (`bench.tune`)."""
+    """The best tuned heuristic: weights grid-searched on the training split (`kdrl tune`)."""
     try:
         document = json.loads(path.read_text())
         weights = {str(k): float(v) for k, v in document["weights"].items()}

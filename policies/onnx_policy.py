@@ -98,10 +98,16 @@ class OnnxPolicy:
 class LoadedPolicy:
     policy: PlacementPolicy
     provider: str  # the execution provider, or "none" when the heuristic stands in
-    degraded: str = ""  # why the learned model is not serving; empty when it is
+    degraded: str = ""  # why the chosen policy is not serving; empty when it is
 
     def describe(self) -> dict[str, str]:
         return {"policy": self.policy.name, "provider": self.provider, "degraded": self.degraded}
+
+    @classmethod
+    def kube_default_instead(cls, wanted: str, reason: str) -> LoadedPolicy:
+        """kube-default standing in for a policy whose file cannot serve, loudly."""
+        log.error("placement policy %s unavailable, falling back to kube-default: %s", wanted, reason)
+        return cls(policy=heuristics.kube_default(), provider="none", degraded=reason)
 
 
 def load(path: Path = DEFAULT_MODEL, *, device: str = "auto", threads: int = 1) -> LoadedPolicy:
@@ -109,7 +115,6 @@ def load(path: Path = DEFAULT_MODEL, *, device: str = "auto", threads: int = 1) 
     try:
         policy = OnnxPolicy.open(path, device=device, threads=threads)
     except ModelError as error:
-        log.error("learned placement policy unavailable, falling back to kube-default: %s", error)
-        return LoadedPolicy(policy=heuristics.kube_default(), provider="none", degraded=str(error))
+        return LoadedPolicy.kube_default_instead("onnx", str(error))
     log.info("learned placement policy %s on %s", path.name, policy.provider)
     return LoadedPolicy(policy=policy, provider=policy.provider)

@@ -23,10 +23,17 @@ def load(
     model: Path | None = None,
     device: str = "auto",
     threads: int = 1,
+    tuned_weights: Path = heuristics.TUNED_WEIGHTS,
 ) -> LoadedPolicy:
-    """The policy called `name`. `onnx` (with `model`, default the shipped one) falls back to
-    kube-default (degraded, with the reason) when its model cannot serve."""
+    """The policy called `name`. `onnx` (with `model`, default the shipped one) and `tuned`
+    (with its weights file) fall back to kube-default (degraded, with the reason) when their
+    file cannot serve."""
     check(name)
     if name == "onnx":
         return onnx_policy.load(model or onnx_policy.DEFAULT_MODEL, device=device, threads=threads)
+    if name == "tuned":
+        try:
+            return LoadedPolicy(policy=heuristics.tuned(tuned_weights), provider="numpy")
+        except ValueError as error:
+            return LoadedPolicy.kube_default_instead("tuned", str(error))
     return LoadedPolicy(policy=heuristics.by_name(name, seed=seed), provider="numpy")

@@ -200,7 +200,7 @@ async def test_the_shipped_model_serves(
     settings = Settings(
         kube=KubeSettings(nodes_file=write_objects(tmp_path, "nodes.json", nodes)),
         history=HistorySettings(path=tmp_path / "history.db"),
-        policy=PolicySettings(device="cpu"),  # the default policy: the shipped model
+        policy=PolicySettings(name="onnx", device="cpu"),  # the shipped model
     )
     client = await aiohttp_client(await service.create_app(settings))
     detail = await (await client.get("/readyz")).json()

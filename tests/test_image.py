@@ -83,6 +83,8 @@ def test_the_wheel_serves_from_a_fresh_environment(tmp_path: Path) -> None:
         [
             str(fresh / "bin" / "kdrl"),
             "serve",
+            "--policy",
+            "onnx",
             "--host",
             "127.0.0.1",
             "--port",
@@ -100,6 +102,7 @@ def test_the_wheel_serves_from_a_fresh_environment(tmp_path: Path) -> None:
     try:
         detail = _ready(port, server)
         assert detail["policy"] == "onnx" and not detail["degraded"]  # the model came in the wheel
+        assert (site / "policies" / "models" / "tuned.json").is_file()  # and the default's weights
         located = subprocess.run(
             [str(fresh / "bin" / "python"), "-c", "import plugin; print(plugin.__file__)"],
             capture_output=True,

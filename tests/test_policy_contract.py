@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,3 +85,13 @@ def test_scores_do_not_depend_on_other_candidates_order(
     np.testing.assert_allclose(
         policy.score(pod, table.take(reversed_rows)), policy.score(pod, table)[::-1], rtol=1e-5, atol=1e-6
     )
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"weights": ["MostAllocated"]}'])
+def test_unreadable_tuned_weights_fall_back_to_kube_default(tmp_path: Path, content: str | None) -> None:
+    weights = tmp_path / "tuned.json"
+    if content is not None:
+        weights.write_text(content)
+    loaded = registry.load("tuned", tuned_weights=weights)
+    assert loaded.policy.name == "kube-default" and loaded.provider == "none"
+    assert "tuned.json" in loaded.degraded

@@ -13,7 +13,7 @@ from plugin.errors import SettingsError
 def test_defaults() -> None:
     loaded = settings.load({}, {})
     assert loaded == settings.Settings()
-    assert loaded.server.port == 8080 and loaded.policy.name == "onnx" and not loaded.offline
+    assert loaded.server.port == 8080 and loaded.policy.name == "tuned" and not loaded.offline
 
 
 def test_flag_beats_environment_beats_default(tmp_path: Path) -> None:
