@@ -262,20 +262,23 @@ def test_curriculum_up_to_48_nodes_is_the_default() -> None:
     assert environment.Curriculum.up_to(96).stages[-1] == (40, 96)
 
 
-def test_behaviour_cloning_learns_the_teachers_choices(tmp_path: Path) -> None:
-    """Imitation updates only (most-allocated places every pod): on decisions not trained on,
-    the actor's first choice is one of most-allocated's best nodes far more often than chance."""
+@pytest.mark.parametrize(("cloned", "coef"), [(1024, 0.0), (0, 10.0)])
+def test_the_actor_learns_the_teachers_choices(tmp_path: Path, cloned: int, coef: float) -> None:
+    """Behaviour cloning only (most-allocated places every pod), or PPO with the teacher's
+    log-likelihood in its loss: on decisions not trained on, the actor's first choice is one of
+    most-allocated's best nodes far more often than chance."""
     args = tiny_run(
         tmp_path,
         total_timesteps=1024,
         episode_minutes=10,
         imitate="most-allocated",
-        imitate_timesteps=1024,
+        imitate_timesteps=cloned,
+        imitate_coef=coef,
         export_onnx=False,
     )
     model = ppo.train(args)
     rows = (tmp_path / "progress.csv").read_text().splitlines()
-    assert all(row.endswith(",1.0") for row in rows[1:])  # every update imitated
+    assert all(row.endswith(",1.0" if cloned else ",0.0") for row in rows[1:])  # imitated, or PPO
     teacher = heuristics.by_name("most-allocated")
     envs, _ = ppo.make_envs(dataclasses.replace(args, seed=7))
     observation, _ = envs.reset(seed=7)

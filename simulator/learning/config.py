@@ -34,6 +34,7 @@ class Args:
     target_kl: float | None = 0.03  # stop an update's epochs early past this KL
     imitate: str = ""  # a heuristic (e.g. tuned) whose choices the actor first learns to copy
     imitate_timesteps: int = 100_000  # placements chosen by that heuristic, before PPO takes over
+    imitate_coef: float = 0.0  # after that, weight of the teacher's log-likelihood in PPO's loss
     shape_reward: bool = False  # potential-based shaping for node release (not in the shipped model)
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 45

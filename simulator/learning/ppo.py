@@ -5,7 +5,9 @@ the value loss L^VF and the entropy bonus S; advantages by GAE (Schulman et al.,
 Episodes come from the training split only (`environment.TRAIN_MINUTES`), through a curriculum
 over cluster sizes and node mixes. Optionally, the first updates are behaviour cloning: a
 heuristic places the pods and the actor learns its choices (cross-entropy) while the critic
-learns their values, so that PPO starts from a policy that packs, say, and improves on it.
+learns their values, so that PPO starts from a policy that packs, say, and improves on it;
+`imitate_coef` keeps the teacher's log-likelihood in PPO's loss after that (the demonstration
+term of DAPG, Rajeswaran et al., 2018), so PPO improves on the teacher without forgetting it.
 Writes `progress.csv`, TensorBoard scalars, `learning_curve.png`, the checkpoint and the
 exported ONNX model to `out`.
 """
@@ -94,7 +96,7 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
     mask_buf = torch.zeros((*shape, rows), dtype=torch.bool, device=device)
     pod_buf = torch.zeros((*shape, len(features.POD_FEATURES)), device=device)
     cluster_buf = torch.zeros((*shape, len(features.CLUSTER_FEATURES)), device=device)
-    actions, logprobs, rewards, dones, values = (torch.zeros(shape, device=device) for _ in range(5))
+    actions, logprobs, rewards, dones, values, taught = (torch.zeros(shape, device=device) for _ in range(6))
 
     args.out.mkdir(parents=True, exist_ok=True)
     writer = _writer(args.out)
@@ -109,6 +111,7 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
     reward_scale = RewardScale(args.num_envs, args.gamma)
     teacher = registry.load(args.imitate, seed=args.seed).policy if args.imitate else None
     imitation_updates = args.imitate_timesteps // args.batch_size if teacher else 0
+    keep_teacher = teacher is not None and args.imitate_coef > 0
 
     for update in range(1, updates + 1):
         imitating = update <= imitation_updates
@@ -125,11 +128,10 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
             with torch.no_grad():
                 logits, value = model(nodes, mask, pod, cluster)
                 distribution = torch.distributions.Categorical(logits=logits)
-                if imitating:
+                if imitating or keep_teacher:
                     assert teacher is not None
-                    action = torch.as_tensor(teacher_actions(envs, teacher), device=device)
-                else:
-                    action = distribution.sample()
+                    taught[step] = torch.as_tensor(teacher_actions(envs, teacher), device=device)
+                action = taught[step].long() if imitating else distribution.sample()
             values[step], actions[step], logprobs[step] = value, action, distribution.log_prob(action)
             obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
             running_return += reward
@@ -159,6 +161,7 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
         b_nodes, b_mask = nodes_buf.flatten(0, 1), mask_buf.flatten(0, 1)
         b_pod, b_cluster = pod_buf.flatten(0, 1), cluster_buf.flatten(0, 1)
         b_actions, b_logprobs = actions.flatten().long(), logprobs.flatten()
+        b_taught = taught.flatten().long()  # the teacher's choices (imitation, or its term in the loss)
         b_advantages, b_returns, b_values = advantages.flatten(), returns.flatten(), values.flatten()
         stats: dict[str, float] = {}
         clipfracs: list[float] = []
@@ -197,6 +200,8 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
                     value_loss = 0.5 * ((new_value - b_returns[mb]) ** 2).mean()
                 entropy_bonus = entropy.mean()  # S
                 loss = policy_loss - args.ent_coef * entropy_bonus + args.vf_coef * value_loss
+                if keep_teacher and not imitating:  # stay near the teacher (as DAPG's demonstration term)
+                    loss = loss - args.imitate_coef * distribution.log_prob(b_taught[mb]).mean()
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
