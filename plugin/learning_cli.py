@@ -78,7 +78,7 @@ def _train(args: argparse.Namespace) -> int:
     """PPO in the simulator on the training split (first 12 hours of the trace); writes the
     checkpoint, progress.csv, TensorBoard scalars, learning_curve.png and placement.onnx."""
     try:
-        from simulator.learning import ppo
+        from simulator.learning import export, ppo
     except ImportError as error:  # torch, gymnasium or onnx missing
         raise SettingsError(f"training needs the train extra: pip install '.[train]' ({error})") from error
 
@@ -108,7 +108,11 @@ def _train(args: argparse.Namespace) -> int:
             )
             bar.update(task, completed=update, status=status)
 
-        ppo.train(options, on_update=on_update)
+        try:
+            ppo.train(options, on_update=on_update)
+        except export.ExportError as error:  # the checkpoint was written before the export
+            message = f"export refused: {error}; the checkpoint is {options.out}/model.pt"
+            raise SettingsError(message) from error
     console.print(f"model and curves in {options.out}/")
     return 0
 

@@ -235,6 +235,19 @@ def test_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert not (tmp_path / "placement.onnx").exists()
 
 
+def test_train_command_reports_a_refused_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugin import cli
+
+    monkeypatch.setattr(export, "PARITY_TOLERANCE", -1.0)  # no graph can agree that well
+    argv = ["train", "--out", str(tmp_path), "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2"]
+    argv += ["--update-epochs", "1", "--episode-minutes", "5", "--hidden", "8", "--total-timesteps", "64"]
+    assert cli.main(argv) == 2
+    assert f"the checkpoint is {tmp_path}/model.pt" in capsys.readouterr().err
+    assert (tmp_path / "model.pt").is_file() and not (tmp_path / "placement.onnx").exists()
+
+
 def test_shaping_credits_packing_by_the_idle_cpu_it_saves() -> None:
     """Utilization only: a second pod beside the first lowers the occupied nodes' idle CPU
     share by its request over the node's, and is credited that over the scale-down delay; one
