@@ -86,8 +86,11 @@ def _train(args: argparse.Namespace) -> int:
     options = config.Args(**{k: v for k, v in vars(args).items() if k in fields})
     if options.total_timesteps < options.batch_size:
         raise SettingsError(f"--total-timesteps must be at least one batch ({options.batch_size})")
-    if options.imitate and options.imitate not in heuristics.HEURISTIC_NAMES:
-        raise SettingsError(f"--imitate takes a heuristic: {', '.join(heuristics.HEURISTIC_NAMES)}")
+    if options.imitate:
+        try:
+            heuristics.by_name(options.imitate)  # unknown, or tuned weights unreadable
+        except (KeyError, ValueError) as error:
+            raise SettingsError("--imitate: " + str(error).strip("'\"")) from error
     console = Console(stderr=True)
     updates = max(options.total_timesteps // options.batch_size, 1)
     with Progress(

@@ -308,3 +308,17 @@ def test_the_actor_learns_the_teachers_choices(tmp_path: Path, cloned: int, coef
             by_chance.append(best.size / feasible.size)
         observation, *_ = envs.step(ppo.teacher_actions(envs, teacher))
     assert np.mean(agreed) > max(0.6, 2 * np.mean(by_chance))
+
+
+def test_train_command_refuses_a_teacher_it_cannot_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugin import cli
+
+    argv = ["train", "--out", str(tmp_path), "--imitate"]
+    assert cli.main([*argv, "onnx"]) == 2  # a heuristic only
+    assert "unknown placement policy 'onnx'" in capsys.readouterr().err
+    # `tuned()` reads its default path, bound when the function was defined.
+    monkeypatch.setattr(heuristics.tuned, "__defaults__", (tmp_path / "absent.json",))
+    assert cli.main([*argv, "tuned"]) == 2  # not kube-default in its place
+    assert "absent.json" in capsys.readouterr().err

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from policies import features, registry
+from policies import features, heuristics
 from policies.placement import PlacementPolicy
 from simulator import clusterspec, engine, plots, traces
 from simulator.learning import environment, export
@@ -109,7 +109,8 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
     episode_returns: list[float] = []
     running_return = np.zeros(args.num_envs)
     reward_scale = RewardScale(args.num_envs, args.gamma)
-    teacher = registry.load(args.imitate, seed=args.seed).policy if args.imitate else None
+    # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
+    teacher = heuristics.by_name(args.imitate, seed=args.seed) if args.imitate else None
     imitation_updates = args.imitate_timesteps // args.batch_size if teacher else 0
     keep_teacher = teacher is not None and args.imitate_coef > 0
 
