@@ -216,17 +216,21 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _print_simulation(result: dict[str, Any], out: Path, console: Console) -> None:
-    table = Table(title=f"kdrl simulate: {result['functions']} functions, {result['config']['mode']} mode")
+    invocations = max((r["invocations"] for r in result["results"]), default=0)
+    table = Table(
+        title=f"kdrl simulate: {result['functions']} functions, {invocations:,} invocations, "
+        f"{result['config']['mode']} mode"
+    )
     columns = [
         ("placement", "placement"),
         ("keep-alive", "keepalive"),
-        ("invocations", "invocations"),
         ("cold starts", "cold_starts"),
         ("p75 cold %", "cold_start_pct_p75"),
-        ("p75 cold % (w)", "cold_start_pct_p75_weighted"),
+        ("cold % (w) mean/p50/p75/p90", "cold_start_pct"),
         ("wasted mem", "wasted_memory_norm"),
         ("cold p50 s", "cold_start_latency_p50_s"),
         ("cold p99 s", "cold_start_latency_p99_s"),
+        ("capacity wait p99 s", "capacity_wait_p99_s"),
         ("timeouts", "timed_out_requests"),
         ("CPU alloc", "cpu_alloc_utilization"),
         ("cost $", "cost_usd"),
@@ -238,7 +242,7 @@ def _print_simulation(result: dict[str, Any], out: Path, console: Console) -> No
     for entry in result["results"]:
         table.add_row(*(_cell(entry.get(key)) for _, key in shown))
     console.print(table)
-    plotted = "pareto.png, timeline.png" if any(result["series"].values()) else "pareto.png"
+    plotted = "pareto.png, cold_start_cdf.png" + (", timeline.png" if any(result["series"].values()) else "")
     console.print(f"report and plots in {out}/ (report.json, timings.json, {plotted})")
 
 
@@ -252,6 +256,8 @@ def _print_timings(timings: dict[str, Any], console: Console) -> None:
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict) and "weighted" in value:  # the cold-start % views
+        return "/".join(_cell(value["weighted"][q]) for q in ("mean", "p50", "p75", "p90"))
     if isinstance(value, float):
         return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
     return f"{value:,}" if isinstance(value, int) else str(value)

@@ -61,7 +61,14 @@ def add_commands(commands: Any) -> None:
         "--placement", default=",".join(evaluation.POLICIES), help="policies, comma-separated"
     )
     evaluate.add_argument("--seed", type=int, default=1, help="first seed")
-    evaluate.add_argument("--seeds", type=int, default=5, help="number of seeds (>= 2 for intervals)")
+    evaluate.add_argument(
+        "--seeds", type=int, default=len(evaluation.SEEDS), help="number of seeds (>= 2 for intervals)"
+    )
+    evaluate.add_argument(
+        "--shifted",
+        default=",".join(f"{c}:{scale:g}" for c, scale in evaluation.SHIFTED),
+        help="shifted grounds CLUSTER:ARRIVAL_SCALE, comma-separated ('' for none)",
+    )
     evaluate.add_argument("--model", type=Path, default=onnx_policy.DEFAULT_MODEL, help="ONNX model")
     evaluate.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
     evaluate.add_argument("--out", type=Path, default=Path("out/evaluate"), help="folder for JSON and plot")
@@ -142,8 +149,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     policies = [p for p in args.placement.split(",") if p]
     if args.seeds < 1 or (args.functions is not None and args.functions <= 0):
         raise SettingsError("--seeds and --functions must be positive")
+    shifted = _shifted(args.shifted)
     try:
-        for cluster in clusters:
+        for cluster in [*clusters, *(c for c, _ in shifted)]:
             clusterspec.load(cluster)
         compare.Options(placements=tuple(policies)).validate()
     except (ValueError, KeyError) as error:
@@ -152,13 +160,15 @@ def _evaluate(args: argparse.Namespace) -> int:
     with Progress(
         *Progress.get_default_columns(), TimeElapsedColumn(), console=console, disable=args.json
     ) as bar:
-        total = len(clusters) * args.seeds * len(set(policies) | {evaluation.REFERENCE})
+        grounds = len(clusters) + len(shifted)
+        total = grounds * args.seeds * len(set(policies) | set(evaluation.BASELINES))
         task = bar.add_task(f"evaluating {total} runs", total=total)
         try:
             result = evaluation.evaluate(
                 args.trace,
                 policies=policies,
                 clusters=clusters,
+                shifted=shifted,
                 seeds=range(args.seed, args.seed + args.seeds),
                 functions=args.functions,
                 population=args.population,
@@ -180,6 +190,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shifted(text: str) -> list[tuple[str, float]]:
+    grounds = []
+    for item in filter(None, text.split(",")):
+        cluster, _, scale = item.rpartition(":")
+        try:
+            value = float(scale)
+        except ValueError:
+            value = -1.0
+        if not cluster or not 0 < value <= 100:
+            raise SettingsError(f"--shifted {item!r}: expected CLUSTER:ARRIVAL_SCALE, e.g. medium:2")
+        grounds.append((cluster, value))
+    return grounds
+
+
 COLUMNS = (
     ("composite", "composite", 3),
     ("CPU alloc", "utilization", 3),
@@ -188,6 +212,7 @@ COLUMNS = (
     ("energy kWh", "energy_kwh", 1),
     ("cold p50 s", "cold_start_latency_p50_s", 2),
     ("cold p99 s", "cold_start_latency_p99_s", 1),
+    ("capacity wait p99 s", "capacity_wait_p99_s", 1),
     ("SLA crit %", "sla_violation_pct_critical", 2),
     ("SLA high %", "sla_violation_pct_high", 2),
     ("pulls", "image_pulls", 0),
@@ -204,20 +229,50 @@ def print_evaluation(result: dict[str, Any], console: Console) -> None:
     for title, _, _ in COLUMNS:
         table.add_column(title, justify="right")
     for entry in result["results"]:
-        cells = [
-            f"{entry[key]['mean']:.{digits}f} ± {entry[key]['ci95']:.{digits}f}" for _, key, digits in COLUMNS
-        ]
-        table.add_row(entry["cluster"], entry["policy"], *cells)
+        table.add_row(entry["cluster"], entry["policy"], *_cells(entry))
     console.print(table)
+    ratios = Table(
+        title="paired by seed: ratio to each baseline, mean ± 95 % CI, and the verdict on the composite"
+    )
+    for title in ("cluster", "policy", "baseline", *RATIO_TITLES, "verdict"):
+        ratios.add_column(
+            title, justify="left" if title in ("cluster", "policy", "baseline", "verdict") else "right"
+        )
+    for row in _ratio_rows(result):
+        ratios.add_row(*row)
+    console.print(ratios)
+
+
+RATIO_TITLES = ("composite", "CPU alloc", "QoS s", "cost", "energy")
+
+
+def _cells(entry: dict[str, Any]) -> list[str]:
+    return [
+        f"{entry[key]['mean']:.{digits}f} ± {entry[key]['ci95']:.{digits}f}" for _, key, digits in COLUMNS
+    ]
+
+
+def _ratio_rows(result: dict[str, Any]) -> list[list[str]]:
+    """One row per (ground, policy, baseline), the policy not being that baseline."""
+    rows = []
+    for entry in result["results"]:
+        for baseline, ratios in entry.get("relative_to", {}).items():
+            if baseline == entry["policy"]:
+                continue
+            cells = [
+                f"{ratios[key]['mean']:.3f} ± {ratios[key]['ci95']:.3f}" for key in evaluation.RATIO_KEYS
+            ]
+            rows.append([entry["cluster"], entry["policy"], baseline, *cells, ratios["composite"]["verdict"]])
+    return rows
 
 
 def markdown_evaluation(result: dict[str, Any]) -> str:
-    """The same table as Markdown, for docs/."""
+    """The same tables as Markdown, for docs/."""
     header = ["cluster", "policy", *(title for title, _, _ in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for entry in result["results"]:
-        cells = [
-            f"{entry[key]['mean']:.{digits}f} ± {entry[key]['ci95']:.{digits}f}" for _, key, digits in COLUMNS
-        ]
-        lines.append("| " + " | ".join([entry["cluster"], entry["policy"], *cells]) + " |")
+        lines.append("| " + " | ".join([entry["cluster"], entry["policy"], *_cells(entry)]) + " |")
+    header = ["cluster", "policy", "baseline", *RATIO_TITLES, "verdict (composite)"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in _ratio_rows(result)]
     return "\n".join(lines) + "\n"

@@ -22,6 +22,18 @@ BUNDLED = Path(__file__).resolve().parent / "clusters"
 GiB, MiB = 1 << 30, 1 << 20
 
 
+_POWER_POINTS = {11: np.linspace(0.0, 1.0, 11)}  # every curve is given at 0, 10, ..., 100 %
+
+
+CLUSTER_KEYS = frozenset({"name", "pools"})
+POOL_KEYS = frozenset(
+    {
+        "name", "count", "min", "max", "cpu", "memory_gib", "gpus", "on_demand_per_hour", "spot_per_hour",
+        "spot", "zone", "taints", "labels", "power", "image_disk_gib", "pull_mib_per_s",
+    }
+)  # fmt: skip
+
+
 class ClusterSpecError(ValueError):
     """A cluster file that is missing or malformed."""
 
@@ -33,8 +45,9 @@ class PowerCurve:
     watts: tuple[float, ...]
 
     def at(self, utilization: np.ndarray) -> np.ndarray:
-        points = np.linspace(0.0, 1.0, len(self.watts))
-        watts: np.ndarray = np.interp(np.clip(utilization, 0.0, 1.0), points, self.watts)
+        watts: np.ndarray = np.interp(
+            np.clip(utilization, 0.0, 1.0), _POWER_POINTS[len(self.watts)], self.watts
+        )
         return watts
 
 
@@ -93,6 +106,7 @@ def load(name_or_path: str) -> ClusterSpec:
 
 def _spec(path: Path, root: Any) -> ClusterSpec:
     top = _mapping(path, root, "cluster")
+    _known(path, top, CLUSTER_KEYS, "")
     pools_node = _field(path, root, top, "pools")
     if not isinstance(pools_node, yaml.SequenceNode) or not pools_node.value:
         raise ClusterSpecError(f"{path}:{_line(pools_node)}: field pools: expected a list of pools")
@@ -104,6 +118,7 @@ def _spec(path: Path, root: Any) -> ClusterSpec:
 def _pool(path: Path, node: Any, index: int) -> Pool:
     where = f"pools[{index}]"
     fields = _mapping(path, node, where)
+    _known(path, fields, POOL_KEYS, f"{where}.")
 
     def get(key: str, kind: type, default: Any = None) -> Any:
         if key not in fields:
@@ -117,9 +132,16 @@ def _pool(path: Path, node: Any, index: int) -> Pool:
     if not 0 <= low <= count <= high:
         raise ClusterSpecError(f"{path}:{_line(node)}: field {where}: need 0 <= min <= count <= max")
     numbers = {key: get(key, float) for key in ("cpu", "memory_gib", "on_demand_per_hour", "spot_per_hour")}
+    numbers["image_disk_gib"] = get("image_disk_gib", float, 100.0)
+    numbers["pull_mib_per_s"] = get("pull_mib_per_s", float, 40.0)
     for key, value in numbers.items():
-        if value <= 0:
-            raise ClusterSpecError(f"{path}:{_line(fields[key])}: field {where}.{key}: must be positive")
+        if not value > 0 or not np.isfinite(value):
+            raise ClusterSpecError(
+                f"{path}:{_line(fields.get(key, node))}: field {where}.{key}: must be positive"
+            )
+    gpus = get("gpus", int, 0)
+    if gpus < 0:
+        raise ClusterSpecError(f"{path}:{_line(fields['gpus'])}: field {where}.gpus: must not be negative")
     zones = yaml.safe_load(yaml.serialize(fields["zone"])) if "zone" in fields else ["zone-a"]
     zones = [zones] if isinstance(zones, str) else zones
     taints = yaml.safe_load(yaml.serialize(fields["taints"])) if "taints" in fields else []
@@ -131,7 +153,7 @@ def _pool(path: Path, node: Any, index: int) -> Pool:
         max=high,
         cpu_milli=int(numbers["cpu"] * 1000),
         memory_bytes=int(numbers["memory_gib"] * GiB),
-        gpus=get("gpus", int, 0),
+        gpus=gpus,
         on_demand_per_hour=numbers["on_demand_per_hour"],
         spot_per_hour=numbers["spot_per_hour"],
         spot=get("spot", bool, False),
@@ -141,8 +163,8 @@ def _pool(path: Path, node: Any, index: int) -> Pool:
         ),
         labels=tuple((str(k), str(v)) for k, v in labels.items()),
         power=_power(path, fields.get("power"), where),
-        image_disk_bytes=int(get("image_disk_gib", float, 100.0) * GiB),
-        pull_bytes_per_s=get("pull_mib_per_s", float, 40.0) * MiB,
+        image_disk_bytes=int(numbers["image_disk_gib"] * GiB),
+        pull_bytes_per_s=numbers["pull_mib_per_s"] * MiB,
     )
 
 
@@ -176,6 +198,16 @@ def _mapping(path: Path, node: Any, where: str) -> dict[str, Any]:
     if not isinstance(node, yaml.MappingNode):
         raise ClusterSpecError(f"{path}:{_line(node)}: field {where}: expected a mapping")
     return {key.value: value for key, value in node.value}
+
+
+def _known(path: Path, fields: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    """A misspelt key would silently fall back to a default: refuse it."""
+    for key, value in fields.items():
+        if key not in allowed:
+            raise ClusterSpecError(
+                f"{path}:{_line(value)}: field {where}{key}: unknown key "
+                f"(known: {', '.join(sorted(allowed))})"
+            )
 
 
 def _field(path: Path, parent: Any, fields: dict[str, Any], key: str) -> Any:

@@ -108,6 +108,7 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
         "func_ids": list(trace.func_ids),
         "populations": list(trace.populations),
         "invocations": trace.counts.sum(axis=1).tolist(),
+        "weights": trace.weights.tolist(),
         "cold_starts": {
             f"{r['placement']} x {r['keepalive']}": r.pop("cold_starts_per_function") for r in results
         },

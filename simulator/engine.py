@@ -71,6 +71,8 @@ class _Pod:
     function: int
     node: int
     ready_at: float
+    created_at: float  # when the autoscaler asked for it
+    placed_at: float  # when a node had room for it: the wait before is a capacity wait
     alive: bool = True
     ready: bool = False
 
@@ -115,6 +117,10 @@ class RunResult:
     cold_starts: IntArray  # per function: requests that found no ready pod
     wasted_mb_s: FloatArray  # per function: memory of idle ready pods over time
     latency_hist: dict[Priority, FloatArray]  # start-delay histograms of cold requests per class
+    # The start delay of each cold request that a pod served, in two parts: waiting for a node
+    # with room (capacity), and the rest (scheduling, image pull, container start, runtime init).
+    startup_hist: FloatArray
+    capacity_hist: FloatArray
     warm_requests: dict[Priority, int]
     timed_out: dict[Priority, int]  # requests the activator gave up on (counted in latency_hist too)
     pulls: int  # image pulls for pods being placed (their start waits for them)
@@ -192,6 +198,10 @@ class Simulation:
         )
         self.warm_by_class = np.zeros(len(Priority), dtype=np.int64)
         self.pending: list[int] = []  # functions with a pod waiting for room
+        self.pending_since: list[list[float]] = [[] for _ in range(n)]  # their creation times
+        self.max_scale = np.array(
+            [f.max_scale or np.iinfo(np.int64).max for f in self.functions], dtype=np.int64
+        )
         self.room_changed = False  # a pod left or a node joined since pending pods last tried
         self._stuck_now: set[int] = set()
         self._no_room: set[int] = set()  # functions no node can be added for, until promises reset
@@ -213,6 +223,8 @@ class Simulation:
             cold_starts=np.zeros(n, dtype=np.int64),
             wasted_mb_s=np.zeros(n),
             latency_hist={p: np.zeros(LATENCY_BINS) for p in priorities},
+            startup_hist=np.zeros(LATENCY_BINS),
+            capacity_hist=np.zeros(LATENCY_BINS),
             warm_requests=dict.fromkeys(priorities, 0),
             timed_out=dict.fromkeys(priorities, 0),
             pulls=0,
@@ -240,8 +252,9 @@ class Simulation:
             if self.prewarmer is not None:
                 self._prewarm(minute)
             arrivals = self._arrivals(minute)
+            hold = self._hold_seconds(arrivals)
             for second in range(60):
-                yield from self._step(minute * 60 + second, arrivals[:, second])
+                yield from self._step(minute * 60 + second, arrivals[:, second], hold[:, second])
             self._open_windows(minute, arrivals)
             self._record_minute(minute)
         self._finish(minutes * 60.0)
@@ -252,6 +265,15 @@ class Simulation:
         counts = self.counts[:, minute]
         per_second = self.rng.multinomial(counts, np.full(60, 1 / 60))
         return per_second
+
+    def _hold_seconds(self, arrivals: IntArray) -> IntArray:
+        """Whole seconds the requests of each (function, second) stay in flight: one duration
+        draw per function and second, the minute's drawn at once (one numpy call, not 60)."""
+        hold = np.zeros(arrivals.shape, dtype=np.int64)
+        function, second = np.nonzero(arrivals)
+        durations = self.workload.draw_durations_s(self.rng, function)
+        hold[function, second] = np.clip(np.ceil(durations), 1, COMPLETION_RING_S - 1)
+        return hold
 
     def _open_windows(self, minute: int, per_second: IntArray) -> None:
         """After the minute: each invoked function's new windows, from its last arrival. The old
@@ -269,7 +291,7 @@ class Simulation:
         self.warm_from[function] = last_arrival + prewarm if keepalive > 0 else np.inf
         self.warm_until[function] = last_arrival + prewarm + keepalive
 
-    def _step(self, t: int, arrivals: IntArray) -> Generator[Decision, int, None]:
+    def _step(self, t: int, arrivals: IntArray, hold: IntArray) -> Generator[Decision, int, None]:
         now = float(t)
         self._stuck_now = set()  # functions whose pod found no room this second
         self._no_room = set()
@@ -278,9 +300,9 @@ class Simulation:
         slot = t % COMPLETION_RING_S
         self.inflight -= self.completions[slot]
         self.completions[slot] = 0.0
-        active = np.flatnonzero(arrivals)
+        active = arrivals.nonzero()[0]
         if active.size:
-            yield from self._admit(now, active, arrivals[active])
+            yield from self._admit(now, active, arrivals[active], hold[active])
         self.kpa.observe(self.inflight)
         idle_pods = self.ready - np.minimum(self.ready, np.ceil(np.round(self.inflight / self.targets, 9)))
         self.result.wasted_mb_s += idle_pods * self.memory_mb
@@ -291,11 +313,10 @@ class Simulation:
         if t % METRICS_EVERY_S == 0:
             self._account(now)
 
-    def _admit(self, now: float, functions: IntArray, counts: IntArray) -> Generator[Decision, int, None]:
-        durations = self.workload.draw_durations_s(self.rng, functions)
-        finish = (
-            int(now) + np.clip(np.ceil(durations), 1, COMPLETION_RING_S - 1).astype(np.int64)
-        ) % COMPLETION_RING_S
+    def _admit(
+        self, now: float, functions: IntArray, counts: IntArray, hold: IntArray
+    ) -> Generator[Decision, int, None]:
+        finish = (int(now) + hold) % COMPLETION_RING_S
         self.inflight[functions] += counts
         self.completions[finish, functions] += counts
         cold = self.ready[functions] == 0
@@ -329,8 +350,8 @@ class Simulation:
         in_window = (self.warm_from <= now) & (now < self.warm_until)
         min_scale = np.maximum(in_window.astype(np.int64), self.planned_min_scale)
         desired = self.kpa.desired(now, self.ready, self.current, min_scale)
-        desired = np.where(self.waiting, np.maximum(desired, 1), desired)
-        for function in np.flatnonzero(desired != self.current).tolist():
+        desired = np.minimum(np.where(self.waiting, np.maximum(desired, 1), desired), self.max_scale)
+        for function in (desired != self.current).nonzero()[0].tolist():
             change = int(desired[function] - self.current[function])
             for _ in range(change):
                 yield from self._create_pod(function, now)
@@ -342,12 +363,16 @@ class Simulation:
         self.current[function] += 1
         if function in self._stuck_now:  # its pod before found no room: this one waits too
             self._request_node(function, now)
-            self.pending.append(function)
-        elif not (yield from self._place(function, now)):
+            self._wait_for_room(function, now)
+        elif not (yield from self._place(function, now, created_at=now)):
             self._stuck_now.add(function)
-            self.pending.append(function)
+            self._wait_for_room(function, now)
 
-    def _place(self, function: int, now: float) -> Generator[Decision, int, bool]:
+    def _wait_for_room(self, function: int, created_at: float) -> None:
+        self.pending.append(function)
+        self.pending_since[function].append(created_at)
+
+    def _place(self, function: int, now: float, *, created_at: float) -> Generator[Decision, int, bool]:
         pod = self.requests[function]
         table, ids = self.nodes.table(now)
         started = time.perf_counter()
@@ -369,7 +394,9 @@ class Simulation:
         ready_at = max(scheduled, image_ready) + self.startup.container_start_s + self.startup.runtime_init_s
         self.result.meters.weighted_pull_s += PRIORITY_WEIGHT[spec.priority] * (image_ready - scheduled)
         self.nodes.add_pod(node, pod, now)
-        self.pods.append(_Pod(function=function, node=node, ready_at=ready_at))
+        self.pods.append(
+            _Pod(function=function, node=node, ready_at=ready_at, created_at=created_at, placed_at=now)
+        )
         pod_id = len(self.pods) - 1
         self.by_function[function].append(pod_id)
         heapq.heappush(self.starting, (ready_at, pod_id))
@@ -395,7 +422,9 @@ class Simulation:
             if function in stuck:
                 self._request_node(function, now)
                 self.pending.append(function)
-            elif not (yield from self._place(function, now)):
+            elif (yield from self._place(function, now, created_at=self.pending_since[function][0])):
+                self.pending_since[function].pop(0)
+            else:
                 stuck.add(function)
                 self.pending.append(function)
 
@@ -403,6 +432,7 @@ class Simulation:
         self.current[function] -= 1
         if function in self.pending:  # an unplaced pod goes first
             self.pending.remove(function)
+            self.pending_since[function].pop()
             return
         pods = self.by_function[function]
         starting = [p for p in pods if not self.pods[p].ready]
@@ -423,18 +453,24 @@ class Simulation:
                 continue
             pod.ready = True
             self.ready[pod.function] += 1
-            self._release_buffered(pod.function, ready_at)
+            self._release_buffered(pod.function, ready_at, pod)
 
-    def _release_buffered(self, function: int, ready_at: float) -> None:
+    def _release_buffered(self, function: int, ready_at: float, pod: _Pod | None) -> None:
+        """Buffered requests go to the pod now ready (None: the run ended while they waited)."""
         for arrived, count in self.buffered[function]:
-            self._record_wait(function, max(ready_at - arrived, 0.0), count)
+            wait = max(ready_at - arrived, 0.0)
+            self._record_wait(function, wait, count)
+            if pod is not None:
+                capacity = min(max(pod.placed_at - max(arrived, pod.created_at), 0.0), wait)
+                self.result.capacity_hist[_bin(capacity)] += count
+                self.result.startup_hist[_bin(wait - capacity)] += count
         self.buffered[function].clear()
         self.waiting[function] = False
 
     def _time_out_requests(self, now: float) -> None:
         """The activator fails requests buffered for `REQUEST_TIMEOUT_S`: each counts as having
         waited exactly that long (and so missed its SLA)."""
-        for function in np.flatnonzero(self.waiting).tolist():
+        for function in self.waiting.nonzero()[0].tolist():
             buffered = self.buffered[function]
             while buffered and buffered[0][0] + REQUEST_TIMEOUT_S <= now:
                 _, count = buffered.pop(0)
@@ -445,7 +481,7 @@ class Simulation:
     def _record_wait(self, function: int, wait: float, count: int) -> None:
         priority = self.functions[function].priority
         weight = PRIORITY_WEIGHT[priority]
-        self.result.latency_hist[priority][min(int(wait / LATENCY_BIN_S), LATENCY_BINS - 1)] += count
+        self.result.latency_hist[priority][_bin(wait)] += count
         self.result.meters.weighted_cold_s += weight * wait * count
         if wait > SLA_TARGET_S[priority]:
             self.result.meters.weighted_sla_violations += weight * count
@@ -477,9 +513,13 @@ class Simulation:
         """Requests still waiting at the end count with the wait they have had so far."""
         for function, waiting in enumerate(self.buffered):
             if waiting:
-                self._release_buffered(function, end)
+                self._release_buffered(function, end, None)
         for priority, count in zip(Priority, self.warm_by_class.tolist()):
             self.result.warm_requests[priority] = count
+
+
+def _bin(seconds: float) -> int:
+    return min(int(seconds / LATENCY_BIN_S), LATENCY_BINS - 1)
 
 
 def best_row(policy: PlacementPolicy, decision: Decision) -> int:

@@ -3,11 +3,17 @@
 Each case is one (cluster, seed) on a split of the trace; a policy's run gives `Objectives`,
 and its composite is taken against `kube-default` on the same case (so kube-default scores 1,
 lower is better). Across seeds, means come with 95 % confidence intervals (Student's t).
+Seeds differ far more than policies do, so policies are compared paired, seed by seed: each
+policy's ratio to kube-default and to `tuned` on the same case, with its interval and a
+verdict (better or worse when the interval excludes 1). Besides the bundled clusters, the
+protocol runs a *shifted* ground, arrivals unlike training's (every minute's invocations
+doubled on `medium`): a policy that wins only in distribution is a risk to users.
 Tuning (`tune`) sees only the training split; evaluation only the evaluation split.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,11 +31,23 @@ from simulator import clusterspec, engine, keepalive, report, traces, workload
 from simulator.traces import EVAL_MINUTES, TRAIN_MINUTES
 
 REFERENCE = "kube-default"
+BASELINES = (REFERENCE, "tuned")  # every policy is paired with each of these
 POLICIES = ("onnx", "tuned", "kube-default", "most-allocated", "random")
 CLUSTERS = ("small", "medium", "large")
+SHIFTED: tuple[tuple[str, float], ...] = (("medium", 2.0),)  # (cluster, arrival scale)
+SEEDS = tuple(range(1, 11))
+# Paired ratios: for these keys lower is better; for utilization higher is.
+RATIO_KEYS = ("composite", "utilization", "qos_s", "cost_usd", "energy_j")
 # Functions per bundled cluster: the slice's 338 saturate `small` (every request waits for a node).
 DEFAULT_FUNCTIONS: Mapping[str, int] = {"small": 80, "medium": 338, "large": 338}
-T_95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+# Student's t, two-sided 95 %, by degrees of freedom (beyond 29: 2.042, the value at 30, a
+# little conservative).
+T_95 = {
+    1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+    10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+    18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060,
+    26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,14 @@ class Case:
     functions: int | None
     minutes: tuple[int, int]
     population: str | None = None
+    arrival_scale: float = 1.0  # a shifted ground: every minute's invocations times this
+
+    @property
+    def ground(self) -> str:
+        """What the case's seeds are summarised under: the cluster, and the shift if any."""
+        return (
+            self.cluster if self.arrival_scale == 1.0 else f"{self.cluster} x{self.arrival_scale:g} arrivals"
+        )
 
 
 def placement(name: str, *, seed: int, model: Path = onnx_policy.DEFAULT_MODEL) -> PlacementPolicy:
@@ -53,21 +79,29 @@ def case_trace(trace: traces.Trace, case: Case) -> traces.Trace:
         rows = rows[np.asarray(trace.populations) == case.population]
     if case.functions is not None and case.functions < rows.size:
         rows = np.sort(np.random.default_rng(case.seed).choice(rows, size=case.functions, replace=False))
-    return trace.subset(rows).window(*case.minutes)
+    window = trace.subset(rows).window(*case.minutes)
+    if case.arrival_scale == 1.0:
+        return window
+    scaled = np.round(window.counts * case.arrival_scale).astype(np.int64)
+    return dataclasses.replace(window, counts=scaled)
+
+
+def simulate(window: traces.Trace, cluster: str, seed: int, policy: PlacementPolicy) -> engine.RunResult:
+    """`window`'s functions on `cluster`, placed by `policy`, with Knative's own keep-alive."""
+    return engine.Simulation(
+        workload=workload.build(window, seed=seed),
+        counts=window.counts,
+        cluster=clusterspec.load(cluster),
+        placement=policy,
+        keepalive=keepalive.by_name("knative"),
+        seed=seed,
+    ).run()
 
 
 def run(trace: traces.Trace, case: Case, policy: PlacementPolicy) -> dict[str, Any]:
     """One simulation: the objectives and the report's headline fields."""
     window = case_trace(trace, case)
-    simulation = engine.Simulation(
-        workload=workload.build(window, seed=case.seed),
-        counts=window.counts,
-        cluster=clusterspec.load(case.cluster),
-        placement=policy,
-        keepalive=keepalive.by_name("knative"),
-        seed=case.seed,
-    )
-    result = simulation.run()
+    result = simulate(window, case.cluster, case.seed, policy)
     seconds = window.minutes * 60.0
     entry = report.cluster_entry(result, window.weights, seconds)
     objectives = objectives_of(result, seconds)
@@ -75,6 +109,7 @@ def run(trace: traces.Trace, case: Case, policy: PlacementPolicy) -> dict[str, A
         "objectives": objectives,
         "cold_start_latency_p50_s": entry["cold_start_latency_p50_s"],
         "cold_start_latency_p99_s": entry["cold_start_latency_p99_s"],
+        "capacity_wait_p99_s": entry["capacity_wait_p99_s"],
         "sla_violation_pct": entry["sla_violation_pct"],
         "image_pulls": entry["image_pulls"],
         "timed_out_requests": entry["timed_out_requests"],
@@ -103,7 +138,8 @@ def evaluate(
     *,
     policies: Sequence[str] = POLICIES,
     clusters: Sequence[str] = CLUSTERS,
-    seeds: Sequence[int] = (1, 2, 3, 4, 5),
+    shifted: Sequence[tuple[str, float]] = SHIFTED,
+    seeds: Sequence[int] = SEEDS,
     functions: int | None = None,
     population: str | None = None,
     minutes: tuple[int, int] = EVAL_MINUTES,
@@ -112,12 +148,16 @@ def evaluate(
     workers: int = 0,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Every policy on every (cluster, seed), summarised per cluster with 95 % intervals."""
+    """Every policy on every (cluster, seed) and shifted ground, summarised per ground with 95 %
+    intervals and paired ratios to the baselines."""
     weights = weights or ObjectiveWeights()
-    names = list(dict.fromkeys([*policies, REFERENCE]))
+    names = list(dict.fromkeys([*policies, *BASELINES]))
+    grounds = [(c, 1.0) for c in clusters] + [(c, scale) for c, scale in shifted]
     cases = [
-        Case(c, s, functions if functions is not None else DEFAULT_FUNCTIONS.get(c), minutes, population)
-        for c in clusters
+        Case(
+            c, s, functions if functions is not None else DEFAULT_FUNCTIONS.get(c), minutes, population, scale
+        )
+        for c, scale in grounds
         for s in seeds
     ]
     jobs = [(trace_path, case, name, model) for case in cases for name in names]
@@ -127,36 +167,42 @@ def evaluate(
             runs[case, name] = outcome
             progress(f"{case.cluster} seed {case.seed}: {name}")
     entries = []
-    for cluster in clusters:
+    for ground in dict.fromkeys(case.ground for case in cases):
         for name in names:
-            mine = [(case, runs[case, name]) for case in cases if case.cluster == cluster]
-            entries.append(_summary(cluster, name, mine, runs, weights))
+            mine = [(case, runs[case, name]) for case in cases if case.ground == ground]
+            entries.append(_summary(ground, name, mine, runs, weights))
     return {
         "config": {
             "trace": trace_path.name,
             "minutes": list(minutes),
             "seeds": list(seeds),
             "functions": {
-                c: (functions if functions is not None else DEFAULT_FUNCTIONS.get(c)) for c in clusters
+                c: (functions if functions is not None else DEFAULT_FUNCTIONS.get(c)) for c, _ in grounds
             },
+            "shifted": [{"cluster": c, "arrival_scale": scale} for c, scale in shifted],
             "population": population or "all",
             "weights": {k: getattr(weights, k) for k in ("utilization", "qos", "cost", "other")},
             "reference": REFERENCE,
+            "baselines": list(BASELINES),
         },
         "results": entries,
     }
 
 
 def _summary(
-    cluster: str,
+    ground: str,
     name: str,
     mine: list[tuple[Case, dict[str, Any]]],
     runs: Mapping[tuple[Case, str], dict[str, Any]],
     weights: ObjectiveWeights,
 ) -> dict[str, Any]:
-    composites = [
-        composite(o["objectives"], runs[case, REFERENCE]["objectives"], weights) for case, o in mine
-    ]
+    def scored(case: Case, outcome: dict[str, Any]) -> dict[str, float]:
+        objectives = outcome["objectives"]
+        return {
+            "composite": composite(objectives, runs[case, REFERENCE]["objectives"], weights),
+            **{key: getattr(objectives, key) for key in RATIO_KEYS if key != "composite"},
+        }
+
     fields = {
         "utilization": [o["objectives"].utilization for _, o in mine],
         "qos_weighted_cold_s": [o["objectives"].qos_s for _, o in mine],
@@ -164,25 +210,44 @@ def _summary(
         "energy_kwh": [o["objectives"].energy_j / 3.6e6 for _, o in mine],
         "cold_start_latency_p50_s": [o["cold_start_latency_p50_s"] or 0.0 for _, o in mine],
         "cold_start_latency_p99_s": [o["cold_start_latency_p99_s"] or 0.0 for _, o in mine],
+        "capacity_wait_p99_s": [o["capacity_wait_p99_s"] or 0.0 for _, o in mine],
         "sla_violation_pct_critical": [o["sla_violation_pct"]["critical"] for _, o in mine],
         "sla_violation_pct_high": [o["sla_violation_pct"]["high"] for _, o in mine],
         "image_pulls": [float(o["image_pulls"]) for _, o in mine],
         "timed_out_requests": [float(o["timed_out_requests"]) for _, o in mine],
         "nodes_mean": [o["nodes_mean"] for _, o in mine],
     }
-    entry: dict[str, Any] = {"cluster": cluster, "policy": name, "seeds": len(mine)}
-    entry["composite"] = interval(composites)
+    entry: dict[str, Any] = {"cluster": ground, "policy": name, "seeds": len(mine)}
+    entry["composite"] = interval(scored(case, o)["composite"] for case, o in mine)
     for key, values in fields.items():
         entry[key] = interval(values)
-    # Paired with kube-default on the same seed: seeds differ far more than policies do.
-    reference = [runs[case, REFERENCE]["objectives"] for case, _ in mine]
-    entry["relative_to_reference"] = {
-        key: interval(
-            _ratio(getattr(o["objectives"], key), getattr(r, key)) for (_, o), r in zip(mine, reference)
-        )
-        for key in ("utilization", "qos_s", "cost_usd", "energy_j")
-    }
+    # Paired by seed with each baseline: seeds differ far more than policies do.
+    entry["relative_to"] = {}
+    for baseline in BASELINES:
+        if not all((case, baseline) in runs for case, _ in mine):
+            continue
+        pairs = [(scored(case, o), scored(case, runs[case, baseline])) for case, o in mine]
+        entry["relative_to"][baseline] = {
+            key: paired_ratio(
+                [p[key] for p, _ in pairs], [b[key] for _, b in pairs], higher_is_better=key == "utilization"
+            )
+            for key in RATIO_KEYS
+        }
     return entry
+
+
+def paired_ratio(
+    values: Sequence[float], baseline: Sequence[float], *, higher_is_better: bool = False
+) -> dict[str, Any]:
+    """Mean ratio value / baseline over paired cases with its 95 % interval, and the verdict:
+    `better` or `worse` when the interval excludes 1, else `no significant difference`."""
+    summary: dict[str, Any] = interval(_ratio(v, b) for v, b in zip(values, baseline))
+    low, high = summary["mean"] - summary["ci95"], summary["mean"] + summary["ci95"]
+    if len(values) < 2 or low <= 1.0 <= high:
+        summary["verdict"] = "no significant difference"
+    else:
+        summary["verdict"] = "better" if (low > 1.0) == higher_is_better else "worse"
+    return summary
 
 
 def _ratio(value: float, reference: float) -> float:
@@ -195,16 +260,20 @@ def interval(values: Iterable[float]) -> dict[str, float]:
     mean = float(data.mean()) if data.size else float("nan")
     if data.size < 2:
         return {"mean": round(mean, 6), "ci95": 0.0}
-    half = T_95.get(data.size - 1, 1.96) * float(data.std(ddof=1)) / np.sqrt(data.size)
+    half = T_95.get(data.size - 1, 2.042) * float(data.std(ddof=1)) / np.sqrt(data.size)
     return {"mean": round(mean, 6), "ci95": round(half, 6)}
 
 
 # -- grid search of the weighted heuristic, on the training split only ----------------------------
 TUNE_TERMS = ("MostAllocated", "ImageLocality", "Cheapness", "PowerEfficiency")
 TUNE_GRID = (0.0, 1.0, 3.0)
+# Four 4-hour windows of the training split, two per cluster, each with its own seed: one seed
+# per cluster let a lucky draw pick the weights.
 TUNE_CASES = (
     Case("small", 11, 80, (TRAIN_MINUTES[0], TRAIN_MINUTES[0] + 240)),
+    Case("small", 13, 80, (TRAIN_MINUTES[0] + 240, TRAIN_MINUTES[0] + 480)),
     Case("medium", 12, 338, (TRAIN_MINUTES[1] - 240, TRAIN_MINUTES[1])),
+    Case("medium", 14, 338, (TRAIN_MINUTES[1] - 480, TRAIN_MINUTES[1] - 240)),
 )
 
 

@@ -70,7 +70,7 @@ class _ImageIndex(Mapping[str, tuple[IntArray, IntArray]]):
         available_at = self._nodes.available_at.get(image)
         if available_at is None:
             return None
-        rows = np.flatnonzero(available_at[self._ids] <= self._now)
+        rows = (available_at[self._ids] <= self._now).nonzero()[0]
         if not rows.size:
             return None
         return rows, np.full(rows.size, self._nodes.image_size[image], dtype=np.int64)
@@ -145,7 +145,7 @@ class Nodes:
         self.economics = economics.NodeEconomics.from_labels(self.labels)
 
     def ready(self, now: float) -> IntArray:
-        return np.flatnonzero(self.alive & (self.ready_at <= now))
+        return (self.alive & (self.ready_at <= now)).nonzero()[0]
 
     def table(self, now: float) -> tuple[NodeTable, IntArray]:
         """The ready nodes as a `NodeTable`, and their node ids."""

@@ -11,30 +11,101 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
 
 
 def write_all(report: dict[str, Any], out: Path) -> list[Path]:
     paths = [pareto(report["results"], out / "pareto.png")]
+    if report.get("per_function", {}).get("weights") is not None:
+        paths.append(cold_start_cdf(report["per_function"], out / "cold_start_cdf.png"))
     if any(report["series"].values()):
         paths.append(timeline(report["series"], out / "timeline.png"))
     return paths
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+
+
+def _styles(results: list[dict[str, Any]]) -> tuple[dict[Any, str], dict[str, str]]:
+    """One colour per placement, one marker per keep-alive."""
+    placements = list(dict.fromkeys(e["placement"] for e in results))
+    keepalives = list(dict.fromkeys(e["keepalive"] for e in results))
+    colours = {p: f"C{i % 10}" for i, p in enumerate(placements)}
+    return colours, {k: MARKERS[i % len(MARKERS)] for i, k in enumerate(keepalives)}
+
+
 def pareto(results: list[dict[str, Any]], path: Path) -> Path:
-    """75th-percentile cold-start % against wasted memory (fixed 10-minute keep-alive = 100)."""
-    figure, axis = plt.subplots(figsize=(7, 5))
-    for entry in results:
-        x, label = entry.get("wasted_memory_norm"), _label(entry)
-        for key, marker in (("cold_start_pct_p75", "o"), ("cold_start_pct_p75_weighted", "^")):
-            if x is not None and entry.get(key) is not None:
-                axis.scatter(x, entry[key], marker=marker)
-        if x is not None and entry.get("cold_start_pct_p75") is not None:
-            axis.annotate(
-                label, (x, entry["cold_start_pct_p75"]), fontsize=7, xytext=(3, 3), textcoords="offset points"
-            )
-    axis.set_xlabel("wasted memory time (fixed 10-min keep-alive = 100)")
-    axis.set_ylabel("75th-percentile cold-start % (o unweighted, ^ weighted)")
-    axis.grid(alpha=0.3)
+    """75th-percentile cold-start % against wasted memory (fixed 10-minute keep-alive = 100):
+    unweighted on the left, weighted by `occ_ref_samples` on the right; a legend, no labels
+    on the points (they overlap)."""
+    colours, markers = _styles(results)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharex=True)
+    views = (
+        ("cold_start_pct_p75", "unweighted"),
+        ("cold_start_pct_p75_weighted", "weighted by occ_ref_samples"),
+    )
+    for axis, (key, title) in zip(axes, views):
+        for entry in results:
+            x, y = entry.get("wasted_memory_norm"), entry.get(key)
+            if x is not None and y is not None:
+                axis.scatter(
+                    x, y, color=colours[entry["placement"]], marker=markers[entry["keepalive"]], s=40
+                )
+        axis.set_title(f"p75 cold-start %, {title}", fontsize=10)
+        axis.set_xlabel("wasted memory time (fixed 10-min keep-alive = 100)")
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("75th-percentile cold-start %")
+    handles = [
+        Line2D([], [], color=colour, marker="o", linestyle="", label=str(placement or "no cluster"))
+        for placement, colour in colours.items()
+    ] + [Line2D([], [], color="grey", marker=marker, linestyle="", label=k) for k, marker in markers.items()]
+    axes[1].legend(
+        handles=handles,
+        fontsize=7,
+        loc="best",
+        title="placement (colour), keep-alive (marker)",
+        title_fontsize=7,
+    )
+    return save(figure, path)
+
+
+def cold_start_cdf(per_function: dict[str, Any], path: Path) -> Path:
+    """CDF of per-function cold-start % for each run, as "Serverless in the Wild" plots it:
+    unweighted (each function counts once) and weighted by `occ_ref_samples`."""
+    invocations = np.asarray(per_function["invocations"], dtype=np.float64)
+    weights = np.asarray(per_function["weights"], dtype=np.float64)
+    invoked = invocations > 0
+    labels = list(per_function["cold_starts"])
+    placements = list(dict.fromkeys(label.split(" x ")[0] for label in labels))
+    keepalives = list(dict.fromkeys(label.split(" x ")[-1] for label in labels))
+    styles = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1)))
+    figure, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
+    for label, cold in per_function["cold_starts"].items():
+        pct = 100.0 * np.asarray(cold, dtype=np.float64)[invoked] / invocations[invoked]
+        placement, keepalive = label.split(" x ")[0], label.split(" x ")[-1]
+        style = {
+            "color": f"C{placements.index(placement) % 10}",
+            "linestyle": styles[keepalives.index(keepalive) % len(styles)],
+            "linewidth": 1.2,
+        }
+        for axis, w in zip(axes, (np.ones(pct.size), weights[invoked])):
+            order = np.argsort(pct, kind="stable")
+            cumulative = np.cumsum(w[order])
+            if cumulative.size and cumulative[-1] > 0:
+                axis.step(pct[order], cumulative / cumulative[-1], where="post", label=label, **style)
+    for axis, title in zip(axes, ("unweighted", "weighted by occ_ref_samples")):
+        axis.set_xlabel("cold-start % of a function's invocations")
+        axis.set_title(f"CDF over functions, {title}", fontsize=10)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of functions")
+    axes[1].legend(
+        fontsize=6,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        title="placement x keep-alive",
+        title_fontsize=7,
+    )
     return save(figure, path)
 
 
@@ -56,10 +127,6 @@ def timeline(series: dict[str, dict[str, list[float]] | None], path: Path) -> Pa
     return save(figure, path)
 
 
-def _label(entry: dict[str, Any]) -> str:
-    return f"{entry['placement']} / {entry['keepalive']}" if entry["placement"] else str(entry["keepalive"])
-
-
 def evaluation(result: dict[str, Any], path: Path) -> Path:
     """Per cluster, each policy's composite and objectives relative to kube-default on the same
     seed (paired), with 95 % intervals."""
@@ -76,7 +143,7 @@ def evaluation(result: dict[str, Any], path: Path) -> Path:
         mine = [e for e in entries if e["cluster"] == cluster]
         width = 0.8 / len(mine)
         for i, entry in enumerate(mine):
-            cells = [entry["composite"]] + [entry["relative_to_reference"][key] for key, _ in keys]
+            cells = [entry["composite"]] + [entry["relative_to"]["kube-default"][key] for key, _ in keys]
             positions = [k + i * width for k in range(len(cells))]
             axis.bar(
                 positions,

@@ -159,6 +159,10 @@ def _minute_counts(
             if not raw.strip().isdigit():
                 raise TraceError(f"{path}:{line}: field {name}: {raw!r} is not a count") from None
         raise
+    negative = np.flatnonzero(values < 0)
+    if negative.size:
+        name = header[first + int(negative[0])]
+        raise TraceError(f"{path}:{line}: field {name}: {values[negative[0]]} is not a count")
     too_big = np.flatnonzero(values > MAX_PER_MINUTE)
     if too_big.size:
         name = header[first + int(too_big[0])]

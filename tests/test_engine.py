@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from policies import heuristics
 from policies.objectives import PRIORITY_WEIGHT
 from policies.types import Priority
-from simulator import clusterspec, engine, keepalive, report, traces
+from simulator import clusterspec, engine, keepalive, nodes, report, traces
 from simulator.workload import FunctionSpec, Workload
 
 MiB = 1 << 20
@@ -213,3 +214,34 @@ def test_requests_for_a_pod_that_never_fits_time_out_in_the_activator() -> None:
 def test_a_request_served_before_the_timeout_is_not_timed_out() -> None:
     result = simulate({0: 1})
     assert sum(result.timed_out.values()) == 0 and result.latency_hist[Priority.HIGH].sum() == 1
+
+
+def test_a_cold_start_is_split_into_its_wait_for_capacity_and_its_start_up(tmp_path: Path) -> None:
+    # No node at first: the pod waits for the autoscaler's new node, then pulls and starts.
+    spec = tmp_path / "empty.yaml"
+    spec.write_text(
+        "name: empty\npools:\n  - {name: a, count: 0, min: 0, max: 1, cpu: 8, memory_gib: 32, "
+        "on_demand_per_hour: 0.38, spot_per_hour: 0.11, pull_mib_per_s: 40, "
+        "power: {model: linear, idle_watts: 100, max_watts: 250}}\n"
+    )
+    row = np.zeros((1, 5), dtype=np.int64)
+    row[0, 0] = 1
+    result = engine.Simulation(
+        workload=one_function(),
+        counts=row,
+        cluster=clusterspec.load(str(spec)),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("knative"),
+        seed=1,
+    ).run()
+    startup = engine.StartupConfig()
+    start_up = startup.scheduling_s + 400 / 40 + startup.container_start_s + startup.runtime_init_s
+    (capacity_bin,) = np.flatnonzero(result.capacity_hist)
+    (startup_bin,) = np.flatnonzero(result.startup_hist)
+    # The request arrived within its second; the node joined after PROVISIONING_S, and the
+    # pending pod was placed at the next 10-s retry at or after that.
+    capacity = (capacity_bin + 0.5) * engine.LATENCY_BIN_S
+    assert nodes.PROVISIONING_S - 1.0 <= capacity <= nodes.PROVISIONING_S + engine.METRICS_EVERY_S
+    assert (startup_bin + 0.5) * engine.LATENCY_BIN_S == pytest.approx(start_up, abs=engine.LATENCY_BIN_S)
+    (total_bin,) = np.flatnonzero(result.latency_hist[Priority.HIGH])
+    assert abs(total_bin - capacity_bin - startup_bin) <= 1

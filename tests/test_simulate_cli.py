@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from plugin import cli
+from simulator import clusterspec, compare, traces
 
 QUICK = ["simulate", "--functions", "24", "--hours", "1", "--cluster", "small", "--seed", "3"]
 REQUIRED = {
@@ -22,6 +24,11 @@ REQUIRED = {
     "wasted_memory_norm",
     "cold_start_latency_p50_s",
     "cold_start_latency_p99_s",
+    "capacity_wait_p50_s",
+    "capacity_wait_p99_s",
+    "start_delay_p99_s",
+    "timed_out_requests",
+    "cold_start_pct",
     "sla_violation_pct",
     "cpu_alloc_utilization",
     "cost_usd",
@@ -44,7 +51,16 @@ def test_cluster_mode_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     for entry in results:
         cold = per_function["cold_starts"][f"{entry['placement']} x {entry['keepalive']}"]
         assert sum(cold) == entry["cold_starts"] and len(cold) == 24
-    for name in ("report.json", "pareto.png", "timeline.png"):
+    for entry in results:
+        views = entry["cold_start_pct"]
+        assert set(views) == {"unweighted", "weighted"}
+        for view in views.values():
+            assert set(view) == {"mean", "p50", "p75", "p90"}
+            assert view["p50"] <= view["p75"] <= view["p90"]
+        assert views["unweighted"]["p75"] == entry["cold_start_pct_p75"]
+        # A cold request's start delay is its start-up plus its wait for capacity.
+        assert entry["cold_start_latency_p99_s"] <= entry["start_delay_p99_s"] + 0.05
+    for name in ("report.json", "pareto.png", "cold_start_cdf.png", "timeline.png"):
         assert (tmp_path / "a" / name).stat().st_size > 0
 
     assert cli.main([*args, "--out", str(tmp_path / "b")]) == 0
@@ -117,3 +133,55 @@ def test_bad_flags_exit_2(
 def test_malformed_trace_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([*QUICK, "--trace", str(tmp_path), "--out", str(tmp_path)]) == 2
     assert "invocations_per_minute.csv.gz: no such file" in capsys.readouterr().err
+
+
+POOL = """name: x
+pools:
+  - name: a
+    count: 2
+    min: 1
+    max: 4
+    cpu: 8
+    memory_gib: 32
+    on_demand_per_hour: 0.38
+    spot_per_hour: 0.11
+    power: {model: linear, idle_watts: 100, max_watts: 250}
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        (("max: 4", "max: 0"), ":3: field pools[0]: need 0 <= min <= count <= max"),
+        (("cpu: 8", "cpu: 8\n    gpus: -1"), ":8: field pools[0].gpus: must not be negative"),
+        (("cpu: 8", "cpu: 0"), ":7: field pools[0].cpu: must be positive"),
+        (("    cpu: 8\n", ""), ":3: field pools[0].cpu: required"),
+        (("memory_gib: 32", "memory_gb: 32"), ":8: field pools[0].memory_gb: unknown key"),
+        (("name: x", "name: x\nnodes: 3"), ":2: field nodes: unknown key"),
+        (("cpu: 8", "cpu: 8\n    image_disk_gib: -5"), ":8: field pools[0].image_disk_gib: must be positive"),
+    ],
+)
+def test_bad_cluster_files_exit_2_naming_line_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: tuple[str, str], complaint: str
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(POOL)
+    clusterspec.load(str(good))  # the unchanged file is valid
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text(POOL.replace(*change, 1))
+    assert cli.main([*QUICK, "--cluster", str(bad), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}{complaint}" in err and "Traceback" not in err
+
+
+def test_evaluate_on_a_trace_folder_missing_a_file_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "trace"
+    folder.mkdir()
+    for name in (traces.INVOCATIONS, traces.DURATIONS):
+        shutil.copy(compare.BUNDLED_TRACE / name, folder / name)
+    argv = ["evaluate", "--trace", str(folder), "--cluster", "small", "--seeds", "2", "--shifted", ""]
+    assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / traces.MEMORY}: no such file" in err and "Traceback" not in err

@@ -78,6 +78,7 @@ def test_bundled_slice_has_both_populations_and_rare_functions() -> None:
             r"durations_ms.csv.gz:2: fields Count..percentile_Average_100: quantiles must not decrease",
         ),
         ("weight", r"invocations_per_minute.csv.gz:2: field occ_ref_samples: '-1'"),
+        ("negative", r"invocations_per_minute.csv.gz:2: field 3: -4 is not a count"),
     ],
 )
 def test_malformed_files_name_file_line_and_field(tmp_path: Path, breakage: str, message: str) -> None:
@@ -88,13 +89,13 @@ def test_malformed_files_name_file_line_and_field(tmp_path: Path, breakage: str,
     if breakage == "quantiles":
         duration_row = "heavy,F-h-1,10,100,50,200,50,55,80,100,90,190,200"
     folder = write_trace(tmp_path, [(population, "F-h-1", 1, counts)], duration_row=duration_row)
-    if breakage in ("count", "short", "weight"):
+    if breakage in ("count", "short", "weight", "negative"):
         path = folder / traces.INVOCATIONS
         with gzip.open(path, "rt") as handle:
             header, row = handle.read().splitlines()
         fields = row.split(",")
-        if breakage == "count":
-            fields[8] = "x"
+        if breakage in ("count", "negative"):
+            fields[8] = "x" if breakage == "count" else "-4"
         elif breakage == "short":
             fields = fields[:-3]
         else:
