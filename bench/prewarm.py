@@ -7,8 +7,9 @@ Cluster mode on `medium` with the bundled trace slice (both populations, one day
 kube-default, seed 1 (`--seed` for others). Per population: the 75th-percentile cold-start %
 over all functions and over those prewarming may touch (not `batch`, which the planner never
 prewarms by design), weighted by `occ_ref_samples` too; wasted memory time (fixed 10-minute
-keep-alive = 100); cold-start latency p50/p99 with image pulls; image pulls ahead of pods;
-cost and energy. About 3.5 minutes on 2 cores (the forecasts run once, beside the other runs).
+keep-alive = 100); cold-start latency p50/p99 (the start-up, image pulls included) and the
+p99 wait for capacity apart, and timed-out requests; image pulls ahead of pods; cost and energy.
+About 3.5 minutes on 2 cores (the forecasts run once, beside the other runs).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def measure(seed: int, workers: int) -> dict[str, Any]:
                     "wasted_memory_norm": entry["wasted_memory_norm"],  # the whole cluster
                     "cold_latency_p50_s": entry["cold_start_latency_p50_s"],
                     "cold_latency_p99_s": entry["cold_start_latency_p99_s"],
+                    "capacity_wait_p99_s": entry["capacity_wait_p99_s"],
+                    "timed_out_requests": entry["timed_out_requests"],
                     "prepulls": entry["prepulls"],
                     "cost_usd": round(entry["cost_usd"], 1),
                     "energy_kwh": round(entry["energy_kwh"], 1),
@@ -67,15 +70,16 @@ def measure(seed: int, workers: int) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| population | keep-alive | p75 cold % | p75 cold % (weighted) | p75 cold % (prewarmable) "
-        "| wasted memory | cold p50 s | cold p99 s | pre-pulls | cost $ | energy kWh |"
+        "| wasted memory | cold p50 s | cold p99 s | capacity p99 s | timeouts | pre-pulls | cost $ "
+        "| energy kWh |"
     )
-    lines = [head, "|" + " --- |" * 11]
+    lines = [head, "|" + " --- |" * 13]
     for r in rows:
         lines.append(
             f"| {r['population']} | {r['keepalive']} | {r['p75_cold_pct']:.3g} "
             f"| {r['p75_cold_pct_weighted']:.3g} | {r['p75_cold_pct_prewarmable']:.3g} "
             f"| {r['wasted_memory_norm']:.1f} | {r['cold_latency_p50_s']:.3g} "
-            f"| {r['cold_latency_p99_s']:.3g} "
+            f"| {r['cold_latency_p99_s']:.3g} | {r['capacity_wait_p99_s']:.3g} | {r['timed_out_requests']} "
             f"| {r['prepulls']} | {r['cost_usd']:,} | {r['energy_kwh']} |"
         )
     return "\n".join(lines)
@@ -85,17 +89,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    colours = {k: f"C{i}" for i, k in enumerate(KEEPALIVES)}
     for axis, population in zip(axes, traces.POPULATIONS):
         for r in (r for r in rows if r["population"] == population):
-            x = r["wasted_memory_norm"]
-            axis.scatter(x, r["p75_cold_pct"], marker="o")
-            axis.scatter(x, r["p75_cold_pct_prewarmable"], marker="x", color="grey")
-            where = (x, r["p75_cold_pct"])
-            axis.annotate(r["keepalive"], where, fontsize=7, xytext=(3, 3), textcoords="offset points")
+            x, colour = r["wasted_memory_norm"], colours.get(r["keepalive"], "black")
+            axis.scatter(x, r["p75_cold_pct"], marker="o", color=colour, label=r["keepalive"])
+            axis.scatter(x, r["p75_cold_pct_prewarmable"], marker="x", color=colour)
         axis.set_title(f"{population} functions (medium cluster, kube-default)")
         axis.set_xlabel("wasted memory time (fixed 10-min keep-alive = 100)")
         axis.set_ylabel("p75 cold-start % (o all, x prewarmable)")
         axis.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, title="keep-alive", title_fontsize=7)
     return save(figure, path)
 
 

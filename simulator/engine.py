@@ -175,6 +175,7 @@ class Simulation:
         self.workload, self.counts, self.placement = workload, counts, placement
         self.startup = startup or StartupConfig()
         self.rng = np.random.default_rng(seed)
+        self.ties = np.random.default_rng([seed, 1])  # kube-scheduler's pick among equal scores
         self.functions = workload.functions
         n = len(self.functions)
         self.requests = [pod_request(f) for f in self.functions]
@@ -238,7 +239,7 @@ class Simulation:
 
     def run(self) -> RunResult:
         """The whole run, each pod placed where the placement policy scores highest."""
-        return drive(self.steps(), lambda decision: best_row(self.placement, decision))
+        return drive(self.steps(), lambda decision: best_row(self.placement, decision, self.ties))
 
     def steps(self) -> Steps:
         """The run as a coroutine: whoever drives it (`run`, a learning environment) answers
@@ -522,11 +523,18 @@ def _bin(seconds: float) -> int:
     return min(int(seconds / LATENCY_BIN_S), LATENCY_BINS - 1)
 
 
-def best_row(policy: PlacementPolicy, decision: Decision) -> int:
-    """The feasible row `policy` scores highest."""
+def best_row(policy: PlacementPolicy, decision: Decision, ties: np.random.Generator | None = None) -> int:
+    """The feasible row `policy` scores highest. With `ties`, one of the rows sharing the
+    highest score uniformly at random, as kube-scheduler's selectHost picks among them (taking
+    the first would pack pods onto low-numbered nodes whenever scores tie, which no real
+    scheduler does); without, the first of them."""
     feasible = np.flatnonzero(decision.feasible)
     nodes = decision.nodes if feasible.size == len(decision.nodes) else decision.nodes.take(feasible)
-    return int(feasible[int(np.argmax(policy.score(decision.pod, nodes)))])
+    scores = np.asarray(policy.score(decision.pod, nodes))
+    if ties is None:
+        return int(feasible[int(np.argmax(scores))])
+    best = np.flatnonzero(scores == scores.max())
+    return int(feasible[best[int(ties.integers(best.size))] if best.size > 1 else best[0]])
 
 
 def drive(steps: Steps, choose: Callable[[Decision], int]) -> RunResult:

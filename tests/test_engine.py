@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies import heuristics
+from policies import filtering, heuristics
 from policies.objectives import PRIORITY_WEIGHT
 from policies.types import Priority
 from simulator import clusterspec, engine, keepalive, nodes, report, traces
@@ -245,3 +245,15 @@ def test_a_cold_start_is_split_into_its_wait_for_capacity_and_its_start_up(tmp_p
     assert (startup_bin + 0.5) * engine.LATENCY_BIN_S == pytest.approx(start_up, abs=engine.LATENCY_BIN_S)
     (total_bin,) = np.flatnonzero(result.latency_hist[Priority.HIGH])
     assert abs(total_bin - capacity_bin - startup_bin) <= 1
+
+
+def test_equal_scores_are_broken_at_random_as_kube_scheduler_does() -> None:
+    table, _ = nodes.Nodes(clusterspec.load("small")).table(0.0)
+    pod = engine.pod_request(one_function().functions[0])
+    feasible = filtering.filter_nodes(pod, table, explain=False).feasible
+    decision = engine.Decision(now=0.0, function=0, pod=pod, nodes=table, feasible=feasible)
+    policy = heuristics.kube_default()
+    assert engine.best_row(policy, decision) == int(np.flatnonzero(feasible)[0])  # no generator: the first
+    ties = np.random.default_rng(3)
+    picked = {engine.best_row(policy, decision, ties) for _ in range(60)}
+    assert len(picked) >= 5 and all(feasible[row] for row in picked)  # every empty node ties
