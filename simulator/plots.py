@@ -156,7 +156,7 @@ def evaluation(result: dict[str, Any], path: Path) -> Path:
         axis.axhline(1.0, color="grey", linewidth=0.8)
         labels = ["composite", *(label for _, label in keys)]
         axis.set_xticks([k + 0.4 - width / 2 for k in range(len(labels))], labels, fontsize=8)
-        axis.set_title(f"{cluster}: relative to kube-default (paired by seed)")
+        axis.set_title(f"{cluster}: ratio to kube-default, paired", fontsize=10)
         axis.legend(fontsize=7)
     return save(figure, path)
 
