@@ -210,7 +210,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
-        _print_simulation(result, args.out, Console(width=170))
+        _print_simulation(result, args.out, Console(width=200))
         _print_timings(timings, Console(width=170))
     return 0
 
