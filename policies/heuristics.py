@@ -86,17 +86,15 @@ def balanced_allocation(pod: PodRequest, nodes: NodeTable) -> IntArray:
 
 
 def _balance(nodes: NodeTable, cpu: int, memory: int) -> IntArray:
-    fractions = []
-    for requested, allocatable in (
-        (nodes.cpu_requested + cpu, nodes.cpu_allocatable),
-        (nodes.memory_requested + memory, nodes.memory_allocatable),
-    ):
-        safe = np.maximum(allocatable, 1).astype(np.float64)
-        fractions.append(np.where(allocatable > 0, np.minimum(requested / safe, 1.0), np.nan))
-    cpu_f, mem_f = fractions
-    both = ~np.isnan(cpu_f) & ~np.isnan(mem_f)
-    std = np.where(both, np.abs(cpu_f - mem_f) / 2, 0.0)  # one resource alone: std 0
-    return ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+    cpu_allocatable, memory_allocatable = nodes.cpu_allocatable, nodes.memory_allocatable
+    cpu_f = np.minimum((nodes.cpu_requested + cpu) / np.maximum(cpu_allocatable, 1), 1.0)
+    mem_f = np.minimum((nodes.memory_requested + memory) / np.maximum(memory_allocatable, 1), 1.0)
+    std = np.abs(cpu_f - mem_f) / 2
+    alone = (cpu_allocatable <= 0) | (memory_allocatable <= 0)
+    if alone.any():
+        std[alone] = 0.0  # one resource alone: std 0
+    score: IntArray = ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+    return score
 
 
 def image_locality(pod: PodRequest, nodes: NodeTable) -> IntArray:
