@@ -63,16 +63,14 @@ def cold_start_summary(
 ) -> dict[str, Any]:
     invoked = invocations > 0
     pct = 100.0 * cold_starts[invoked] / invocations[invoked]
+    views = {"unweighted": pct_view(pct, None), "weighted": pct_view(pct, weights[invoked])}
     return {
         "functions": int(invoked.sum()),
         "invocations": int(invocations.sum()),
         "cold_starts": int(cold_starts.sum()),
-        "cold_start_pct_p75": _round(float(np.percentile(pct, 75))) if pct.size else None,
-        "cold_start_pct_p75_weighted": _round(weighted_percentile(pct, weights[invoked], 75)),
-        "cold_start_pct": {
-            "unweighted": pct_view(pct, None),
-            "weighted": pct_view(pct, weights[invoked]),
-        },
+        "cold_start_pct_p75": views["unweighted"]["p75"],
+        "cold_start_pct_p75_weighted": views["weighted"]["p75"],
+        "cold_start_pct": views,
     }
 
 

@@ -28,7 +28,7 @@ def test_kube_default_with_knative_times_out_at_most_a_thousandth_of_requests(
         assert row["cold_start_latency_p50_s"] < 10.0, row
 
 
-def test_some_seeds_have_gpu_functions_and_all_of_them_are_served(
+def test_most_cases_draw_gpu_functions(
     reference_rows: list[dict[str, object]],
 ) -> None:
     gpu = [row["gpu_functions"] for row in reference_rows]
