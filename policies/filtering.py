@@ -10,6 +10,7 @@ Resource checks are vectorised; label and taint checks visit only the nodes that
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -75,8 +76,8 @@ def _placement_checks(pod: PodRequest, nodes: NodeTable) -> list[_Check]:
     if not _tolerated(UNSCHEDULABLE_TAINT, pod.tolerations):
         checks.append(_Check(nodes.unschedulable, lambda row: "node is cordoned (spec.unschedulable)", True))
     # Nodes of a pool share their taints: judge each distinct set once, then index.
-    judged = [_untolerated(taints, pod.tolerations) for taints in nodes.cluster.taint_sets]
-    untolerated = np.array([bool(reason) for reason in judged])[nodes.taint_set]
+    judged, failing = _judged(nodes.cluster.taint_sets, pod.tolerations)
+    untolerated = failing[nodes.taint_set]
     checks.append(_Check(untolerated, lambda row: judged[nodes.taint_set[row]], True))
     if pod.node_selector or pod.required_affinity:
         labels, names = nodes.labels, nodes.names
@@ -85,6 +86,16 @@ def _placement_checks(pod: PodRequest, nodes: NodeTable) -> list[_Check]:
         )
         checks.append(_Check(mismatched, lambda row: _label_mismatch(pod, labels[row], names[row]), True))
     return checks
+
+
+@functools.lru_cache(maxsize=256)  # a function's pods share tolerations; a cluster, its taint sets
+def _judged(
+    taint_sets: tuple[tuple[Taint, ...], ...], tolerations: tuple[Toleration, ...]
+) -> tuple[tuple[str, ...], BoolArray]:
+    judged = tuple(_untolerated(taints, tolerations) for taints in taint_sets)
+    failing = np.array([bool(reason) for reason in judged], dtype=np.bool_)
+    failing.setflags(write=False)
+    return judged, failing
 
 
 def _untolerated(taints: tuple[Taint, ...], tolerations: tuple[Toleration, ...]) -> str:

@@ -47,23 +47,17 @@ def most_allocated(pod: PodRequest, nodes: NodeTable) -> IntArray:
 def _fit_score(
     pod: PodRequest, nodes: NodeTable, per_resource: Callable[[IntArray, IntArray], IntArray]
 ) -> IntArray:
-    pairs = (
-        (nodes.cpu_nonzero_requested + pod.cpu_milli_nonzero, nodes.cpu_allocatable),
-        (nodes.memory_nonzero_requested + pod.memory_bytes_nonzero, nodes.memory_allocatable),
-    )
-    total = np.zeros(len(nodes), dtype=np.int64)
-    weights = np.zeros(len(nodes), dtype=np.int64)
-    for requested, allocatable in pairs:
-        counted = allocatable > 0
-        total += np.where(counted, per_resource(requested, allocatable), 0)
-        weights += counted
-    return np.where(weights > 0, total // np.maximum(weights, 1), 0)
+    cpu = per_resource(nodes.cpu_nonzero_requested + pod.cpu_milli_nonzero, nodes.cpu_allocatable)
+    memory = per_resource(nodes.memory_nonzero_requested + pod.memory_bytes_nonzero, nodes.memory_allocatable)
+    # A resource with allocatable 0 scores 0 above and is left out of the mean here.
+    counted = np.add(nodes.cpu_allocatable > 0, nodes.memory_allocatable > 0, dtype=np.int64)
+    return (cpu + memory) // np.maximum(counted, 1)
 
 
 def _least_requested(requested: IntArray, allocatable: IntArray) -> IntArray:
-    safe = np.maximum(allocatable, 1)
-    score = (allocatable - requested) * MAX_NODE_SCORE // safe
-    return np.where(requested > allocatable, 0, score)
+    # Past `allocatable` the quotient is negative: the floor at 0 is upstream's "score 0".
+    score: IntArray = np.maximum((allocatable - requested) * MAX_NODE_SCORE // np.maximum(allocatable, 1), 0)
+    return score
 
 
 def _most_requested(requested: IntArray, allocatable: IntArray) -> IntArray:
@@ -80,21 +74,19 @@ def balanced_allocation(pod: PodRequest, nodes: NodeTable) -> IntArray:
     """
     if pod.cpu_milli == 0 and pod.memory_bytes == 0:
         return np.zeros(len(nodes), dtype=np.int64)
-    without = _balance(nodes, 0, 0)
-    with_pod = _balance(nodes, pod.cpu_milli, pod.memory_bytes)
-    return 50 + (50 + with_pod - without) // 2
+    cpu_allocatable = np.maximum(nodes.cpu_allocatable, 1)
+    memory_allocatable = np.maximum(nodes.memory_allocatable, 1)
+    alone = (nodes.cpu_allocatable <= 0) | (nodes.memory_allocatable <= 0)  # one resource: std 0
 
+    def balance(cpu: int, memory: int) -> IntArray:
+        cpu_f = np.minimum((nodes.cpu_requested + cpu) / cpu_allocatable, 1.0)
+        mem_f = np.minimum((nodes.memory_requested + memory) / memory_allocatable, 1.0)
+        std = np.abs(cpu_f - mem_f) / 2
+        std[alone] = 0.0
+        score: IntArray = ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+        return score
 
-def _balance(nodes: NodeTable, cpu: int, memory: int) -> IntArray:
-    cpu_allocatable, memory_allocatable = nodes.cpu_allocatable, nodes.memory_allocatable
-    cpu_f = np.minimum((nodes.cpu_requested + cpu) / np.maximum(cpu_allocatable, 1), 1.0)
-    mem_f = np.minimum((nodes.memory_requested + memory) / np.maximum(memory_allocatable, 1), 1.0)
-    std = np.abs(cpu_f - mem_f) / 2
-    alone = (cpu_allocatable <= 0) | (memory_allocatable <= 0)
-    if alone.any():
-        std[alone] = 0.0  # one resource alone: std 0
-    score: IntArray = ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
-    return score
+    return 50 + (50 + balance(pod.cpu_milli, pod.memory_bytes) - balance(0, 0)) // 2
 
 
 def image_locality(pod: PodRequest, nodes: NodeTable) -> IntArray:
@@ -141,6 +133,9 @@ def _lower_is_better(values: FloatArray) -> IntArray:
     return np.floor(MAX_NODE_SCORE * (high - values) / (high - low)).astype(np.int64)
 
 
+# Terms whose score for a node reads that node and cluster-wide image spread only.
+ROW_TERMS = frozenset({least_allocated, most_allocated, balanced_allocation, image_locality})
+
 TERMS: dict[str, TermFunction] = {
     "LeastAllocated": least_allocated,
     "MostAllocated": most_allocated,
@@ -158,6 +153,10 @@ class WeightedSumPolicy:
     name: str
     parts: tuple[tuple[str, float, TermFunction], ...]
 
+    @property
+    def scores_rows_alone(self) -> bool:  # see placement.scores_rows_alone
+        return all(fn in ROW_TERMS for _, _, fn in self.parts)
+
     def terms(self, pod: PodRequest, nodes: NodeTable) -> tuple[ScoreTerm, ...]:
         return tuple(
             ScoreTerm(name=term, weight=weight, values=fn(pod, nodes).astype(np.float64))
@@ -166,8 +165,8 @@ class WeightedSumPolicy:
 
     def score(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
         total = np.zeros(len(nodes), dtype=np.float64)
-        for term in self.terms(pod, nodes):
-            total += term.weight * term.values
+        for _, weight, fn in self.parts:  # what `terms` sums, without building them
+            total += weight * fn(pod, nodes)
         return total
 
 

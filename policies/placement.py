@@ -22,6 +22,15 @@ class PlacementPolicy(Protocol):
     def score(self, pod: PodRequest, nodes: NodeTable) -> FloatArray: ...
 
 
+def scores_rows_alone(policy: PlacementPolicy) -> bool:
+    """Whether `policy` scores each node from that node and cluster-wide facts alone, never from
+    the other candidates (no normalising over them, no pooled context). Such a policy may score
+    a superset of the candidates and keep their rows: the same numbers, without building the
+    candidates' table (what the simulator does per placement). Policies say so with a true
+    `scores_rows_alone` attribute; absent, the answer is no."""
+    return bool(getattr(policy, "scores_rows_alone", False))
+
+
 @dataclass(frozen=True, slots=True)
 class ScoreTerm:
     """One weighted part of a composite score, for explanations ("why would it go there?")."""

@@ -171,6 +171,8 @@ _INT_COLUMNS = (
     "pod_count",
 )
 _BOOL_COLUMNS = ("unschedulable",)
+_TAKEN_COLUMNS = (*_INT_COLUMNS, *_BOOL_COLUMNS, "taint_set")
+_FROZEN_COLUMNS = (*_TAKEN_COLUMNS, "origin")
 
 
 @dataclass(frozen=True, eq=False)
@@ -240,8 +242,8 @@ class NodeTable:
     cluster: ClusterObjects
 
     def __post_init__(self) -> None:
-        for column in (*_INT_COLUMNS, *_BOOL_COLUMNS, "taint_set", "origin"):
-            getattr(self, column).flags.writeable = False
+        for column in _FROZEN_COLUMNS:
+            getattr(self, column).setflags(write=False)
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[Node]) -> NodeTable:
@@ -335,7 +337,7 @@ class NodeTable:
     def take(self, rows: Sequence[int] | IntArray) -> NodeTable:
         """The sub-table of the given rows, in that order."""
         index = np.asarray(rows, dtype=np.int64)
-        columns = {c: getattr(self, c)[index] for c in (*_INT_COLUMNS, *_BOOL_COLUMNS, "taint_set")}
+        columns = {c: getattr(self, c)[index] for c in _TAKEN_COLUMNS}
         return NodeTable(origin=self.origin[index], cluster=self.cluster, **columns)
 
     def image_sizes(self, image: str) -> IntArray:

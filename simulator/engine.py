@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from policies import filtering
+from policies import filtering, placement
 from policies.objectives import PRIORITY_WEIGHT, SLA_TARGET_S
 from policies.placement import PlacementPolicy
 from policies.types import BoolArray, NodeTable, PodRequest, Priority, Toleration
@@ -529,8 +529,12 @@ def best_row(policy: PlacementPolicy, decision: Decision, ties: np.random.Genera
     the first would pack pods onto low-numbered nodes whenever scores tie, which no real
     scheduler does); without, the first of them."""
     feasible = np.flatnonzero(decision.feasible)
-    nodes = decision.nodes if feasible.size == len(decision.nodes) else decision.nodes.take(feasible)
-    scores = np.asarray(policy.score(decision.pod, nodes))
+    if feasible.size == len(decision.nodes):
+        scores = np.asarray(policy.score(decision.pod, decision.nodes))
+    elif placement.scores_rows_alone(policy):  # the same numbers without the candidates' table
+        scores = np.asarray(policy.score(decision.pod, decision.nodes))[feasible]
+    else:
+        scores = np.asarray(policy.score(decision.pod, decision.nodes.take(feasible)))
     if ties is None:
         return int(feasible[int(np.argmax(scores))])
     best = np.flatnonzero(scores == scores.max())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -65,15 +66,19 @@ class _ImageIndex(Mapping[str, tuple[IntArray, IntArray]]):
 
     def __init__(self, nodes: Nodes, ids: IntArray, now: float) -> None:
         self._nodes, self._ids, self._now = nodes, ids, now
+        self._found: dict[str, tuple[IntArray, IntArray] | None] = {}  # a table asks twice per image
 
     def get(self, image: str, default: object = None) -> tuple[IntArray, IntArray] | None:  # type: ignore[override]
+        if image in self._found:
+            return self._found[image]
+        found = None
         available_at = self._nodes.available_at.get(image)
-        if available_at is None:
-            return None
-        rows = (available_at[self._ids] <= self._now).nonzero()[0]
-        if not rows.size:
-            return None
-        return rows, np.full(rows.size, self._nodes.image_size[image], dtype=np.int64)
+        if available_at is not None:
+            rows = (available_at[self._ids] <= self._now).nonzero()[0]
+            if rows.size:
+                found = rows, np.full(rows.size, self._nodes.image_size[image], dtype=np.int64)
+        self._found[image] = found
+        return found
 
     def __getitem__(self, image: str) -> tuple[IntArray, IntArray]:
         found = self.get(image)
@@ -143,6 +148,11 @@ class Nodes:
         self.taints = np.fromiter((self.taint_sets[t] for t in self.taint_set), dtype=object, count=len(rows))
         self.power = [p.power for p in spec.pools]
         self.economics = economics.NodeEconomics.from_labels(self.labels)
+        # The object columns of the last ready set, reused until it or a node's cache changes:
+        # rebuilding them per placement cost a fifth of a simulated run.
+        self._cache_generation = 0
+        self._objects_key: tuple[int, bytes] | None = None
+        self._objects: tuple[Any, ...] = ()
 
     def ready(self, now: float) -> IntArray:
         return (self.alive & (self.ready_at <= now)).nonzero()[0]
@@ -150,15 +160,27 @@ class Nodes:
     def table(self, now: float) -> tuple[NodeTable, IntArray]:
         """The ready nodes as a `NodeTable`, and their node ids."""
         ids = self.ready(now)
+        key = (self._cache_generation, ids.tobytes())
+        if key != self._objects_key:
+            self._objects_key = key
+            self._objects = (
+                self.names[ids],
+                self.labels[ids],
+                self.taints[ids],
+                self.image_sets[ids],
+                self.function_pods[ids],
+                self.economics.take(ids),
+            )
+        names, labels, taints, images, function_pods, known_economics = self._objects
         cluster = ClusterObjects(
-            names=self.names[ids],
-            labels=self.labels[ids],
-            taints=self.taints[ids],
-            images=self.image_sets[ids],
-            function_pods=self.function_pods[ids],
+            names=names,
+            labels=labels,
+            taints=taints,
+            images=images,
+            function_pods=function_pods,
             image_index=_ImageIndex(self, ids, now),
             taint_sets=self.taint_sets,
-            known_economics=self.economics.take(ids),
+            known_economics=known_economics,
         )
         table = NodeTable(
             cpu_allocatable=self.cpu_allocatable[ids],
@@ -287,6 +309,7 @@ class Nodes:
                     self.available_at[image][node] = np.inf
                 self.caches[node] = ImageCache(capacity=self.caches[node].capacity)
                 self.image_sets[node] = self.caches[node].sizes
+                self._cache_generation += 1
                 released.append(int(node))
         return released
 

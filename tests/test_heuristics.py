@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from policies import heuristics
+from policies import heuristics, placement
 from policies.types import Node, NodeTable, PodRequest
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -119,3 +119,29 @@ def test_least_and_most_allocated_disagree_on_the_busier_node() -> None:
 def test_by_name_rejects_unknown_policies() -> None:
     with pytest.raises(KeyError, match="known: kube-default"):
         heuristics.by_name("magic")
+
+
+def test_policies_that_score_rows_alone_give_candidates_the_scores_of_the_whole_table() -> None:
+    rng = np.random.default_rng(3)
+    nodes = [
+        node(
+            name=f"n{i}",
+            cpu_allocatable=int(rng.choice([0, 2000, 8000])),
+            cpu_requested=int(rng.integers(0, 9000)),
+            cpu_nonzero_requested=int(rng.integers(0, 9000)),
+            memory_requested=int(rng.integers(0, 20)) * GiB,
+            memory_nonzero_requested=int(rng.integers(0, 20)) * GiB,
+            images={"app": 300 * MiB} if rng.random() < 0.4 else {},
+        )
+        for i in range(40)
+    ]
+    table = NodeTable.from_nodes(nodes)
+    pod = dataclasses.replace(POD, images=("app",))
+    rows = np.flatnonzero(rng.random(len(nodes)) < 0.6)
+    for name in ("kube-default", "most-allocated", "tuned"):
+        policy = heuristics.by_name(name)
+        assert placement.scores_rows_alone(policy)
+        np.testing.assert_array_equal(policy.score(pod, table)[rows], policy.score(pod, table.take(rows)))
+    # Normalised over the candidates, or drawn per call: the whole table would change them.
+    for policy in (heuristics.weighted("cheap", {"Cheapness": 1.0}), heuristics.RandomPolicy()):
+        assert not placement.scores_rows_alone(policy)
