@@ -15,6 +15,8 @@ import yaml
 from plugin import app, kube, settings
 
 KNATIVE = Path(__file__).resolve().parent.parent / "knative"
+BASE = KNATIVE / "base"
+OVERLAYS = KNATIVE / "overlays"
 PLUGIN_ACCOUNT = ("kdrl-plugin", kube.PLUGIN_NAMESPACE)
 KUBERNETES = "1.36"  # the oldest minor the manifests target (the scheduler image's)
 # Custom resources have no schema in kubernetes-validate: their required fields are checked here.
@@ -29,14 +31,14 @@ CUSTOM = {
 Grant = tuple[str, str, str, str]  # (namespace or "", group, resource, verb)
 
 
-def documents(folder: Path = KNATIVE) -> Iterator[dict[str, Any]]:
+def documents(folder: Path = BASE) -> Iterator[dict[str, Any]]:
     for path in sorted(folder.glob("*.yaml")):
         if path.name != "kustomization.yaml":
             yield from (d for d in yaml.safe_load_all(path.read_text()) if d)
 
 
 def every_document() -> list[dict[str, Any]]:
-    folders = (KNATIVE, KNATIVE / "eventing", KNATIVE / "webhook", KNATIVE / "examples")
+    folders = (BASE, KNATIVE / "eventing", OVERLAYS / "webhook", KNATIVE / "examples")
     return [d for folder in folders for d in documents(folder)]
 
 
@@ -44,11 +46,11 @@ def find(kind: str, name: str) -> dict[str, Any]:
     return next(d for d in documents() if d["kind"] == kind and d["metadata"]["name"] == name)
 
 
-@pytest.mark.parametrize("folder", [KNATIVE, KNATIVE / "eventing", KNATIVE / "webhook"])
+@pytest.mark.parametrize("folder", [BASE, KNATIVE / "eventing", OVERLAYS / "webhook"])
 def test_every_manifest_parses_and_is_listed(folder: Path) -> None:
     kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
     files = {p.name for p in folder.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization["resources"]) - {"../"} == files
+    assert set(kustomization["resources"]) - {"../../base"} == files
     for document in documents(folder):
         assert {"apiVersion", "kind", "metadata"} <= set(document), document
 
@@ -64,8 +66,8 @@ def test_every_object_validates_against_the_kubernetes_schema(document: dict[str
 
 def patched(overlay: str) -> dict[tuple[str, str], dict[str, Any]]:
     """The base objects an overlay patches, with its JSON patches applied (add and remove)."""
-    kustomization = yaml.safe_load((KNATIVE / overlay / "kustomization.yaml").read_text())
-    assert "../" in kustomization["resources"]
+    kustomization = yaml.safe_load((OVERLAYS / overlay / "kustomization.yaml").read_text())
+    assert "../../base" in kustomization["resources"]
     out = {}
     for entry in kustomization["patches"]:
         target = entry["target"]
@@ -106,11 +108,8 @@ def test_the_scheduler_calls_the_plugin_where_it_listens() -> None:
     assert port["targetPort"] == container["ports"][0]["name"]
     host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
     assert extender["urlPrefix"] == f"http://{host}:{port['port']}{app.EXTENDER_PREFIX}"
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
-        "filter",
-        "prioritize",
-        "bind",
-    )
+    assert (extender["filterVerb"], extender["prioritizeVerb"]) == ("filter", "prioritize")
+    assert "bindVerb" not in extender  # kube-scheduler binds: docs/extender-throughput.md
     assert extender["nodeCacheCapable"] and extender["ignorable"] and extender["weight"] > 0
     assert extender["httpTimeout"].endswith("s") and float(extender["httpTimeout"][:-1]) <= 5
     assert config["leaderElection"]["resourceNamespace"] == kube.PLUGIN_NAMESPACE
@@ -132,7 +131,7 @@ def test_every_setting_is_in_the_configmap() -> None:
 
 
 def test_images_are_pinned_and_the_containers_locked_down() -> None:
-    kustomization = yaml.safe_load((KNATIVE / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     pinned = {i["name"]: i["newTag"] for i in kustomization["images"]}
     for document in documents():
         if document["kind"] not in ("Deployment", "StatefulSet"):
@@ -187,7 +186,7 @@ def test_the_webhook_overlay_serves_tls_where_the_webhook_calls() -> None:
     https = next(p for p in container["ports"] if p["name"] == "https")
     assert https["containerPort"] == settings.ServerSettings().tls_port
     (configuration,) = [
-        d for d in documents(KNATIVE / "webhook") if d["kind"] == "MutatingWebhookConfiguration"
+        d for d in documents(OVERLAYS / "webhook") if d["kind"] == "MutatingWebhookConfiguration"
     ]
     (hook,) = configuration["webhooks"]
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
@@ -199,7 +198,7 @@ def test_the_webhook_overlay_serves_tls_where_the_webhook_calls() -> None:
     assert never["key"] == "kubernetes.io/metadata.name" and {"kube-system", "kdrl-system"} <= set(
         never["values"]
     )
-    certificate = next(d for d in documents(KNATIVE / "webhook") if d["kind"] == "Certificate")
+    certificate = next(d for d in documents(OVERLAYS / "webhook") if d["kind"] == "Certificate")
     assert f"{service['name']}.{service['namespace']}.svc" in certificate["spec"]["dnsNames"]
     assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
         f"{certificate['metadata']['namespace']}/{certificate['metadata']['name']}"

@@ -1,0 +1,173 @@
+"""The install as kubectl builds and applies it: every kustomization through `kubectl kustomize`
+(real kustomize, which rejects layouts Python patching accepts), and the feature-flag patches
+through `kubectl patch --local` (the documented commands, minus the server)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import numpy as np
+import pytest
+import yaml
+
+from plugin.extender import extender_scores
+from tests.test_manifests import CUSTOM, KNATIVE, KUBERNETES, find
+
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not installed (the install tests need it)"
+)
+KUSTOMIZATIONS = sorted(p.parent for p in KNATIVE.rglob("kustomization.yaml"))
+FLAG = "kubernetes.podspec-schedulername"
+
+
+def kubectl(*args: str) -> list[dict[str, Any]]:
+    assert KUBECTL is not None
+    done = subprocess.run([KUBECTL, *args], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+@needs_kubectl
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(KNATIVE.parent)))
+def test_every_kustomization_builds_and_validates(folder: Path) -> None:
+    objects = kubectl("kustomize", str(folder))
+    assert objects
+    for document in objects:
+        custom = CUSTOM.get((document["apiVersion"], document["kind"]))
+        if custom is not None:
+            assert set(custom) <= set(document["spec"]), custom
+        else:
+            kubernetes_validate.validate(document, KUBERNETES, strict=True)
+        # The install never owns Knative's ConfigMaps: applying one would erase the operator's keys.
+        knative_config = (
+            document["kind"] == "ConfigMap" and document["metadata"].get("namespace") == "knative-serving"
+        )
+        assert not knative_config, document["metadata"]
+
+
+def test_the_overlays_live_beside_the_base() -> None:
+    for folder in KUSTOMIZATIONS:
+        resources = yaml.safe_load((folder / "kustomization.yaml").read_text()).get("resources", [])
+        for entry in resources:
+            included = (folder / entry).resolve()
+            assert not folder.resolve().is_relative_to(included), f"{folder} includes its own parent {entry}"
+
+
+@needs_kubectl
+def test_the_feature_flag_patch_keeps_every_other_key(tmp_path: Path) -> None:
+    installed = tmp_path / "config-features.yaml"
+    others = {
+        "_example": "a long explanation",
+        "kubernetes.podspec-affinity": "enabled",
+        "multi-container": "enabled",
+    }
+    installed.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "config-features", "namespace": "knative-serving"},
+                "data": others,
+            }
+        )
+    )
+    patch = KNATIVE / "feature-flag" / "config-features.patch.yaml"
+    (patched,) = kubectl(
+        "patch", "--local", "-f", str(installed), "--type", "merge", "--patch-file", str(patch), "-o", "yaml"
+    )
+    assert patched["data"] == {**others, FLAG: "enabled"}
+
+
+@needs_kubectl
+def test_the_operator_patch_keeps_every_other_setting(tmp_path: Path) -> None:
+    installed = tmp_path / "knativeserving.yaml"
+    config = {"features": {"multi-container": "enabled"}, "autoscaler": {"stable-window": "60s"}}
+    installed.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "operator.knative.dev/v1beta1",
+                "kind": "KnativeServing",
+                "metadata": {"name": "knative-serving", "namespace": "knative-serving"},
+                "spec": {"config": config},
+            }
+        )
+    )
+    patch = KNATIVE / "feature-flag" / "knativeserving.patch.yaml"
+    (patched,) = kubectl(
+        "patch", "--local", "-f", str(installed), "--type", "merge", "--patch-file", str(patch), "-o", "yaml"
+    )
+    assert patched["spec"]["config"] == {
+        "features": {"multi-container": "enabled", FLAG: "enabled"},
+        "autoscaler": {"stable-window": "60s"},
+    }
+
+
+# kube-scheduler's default score plugins and weights (pkg/scheduler/apis/config/v1/default_plugins.go).
+DEFAULT_SCORE_WEIGHTS = {
+    "TaintToleration": 3,
+    "NodeAffinity": 2,
+    "NodeResourcesFit": 1,
+    "VolumeBinding": 1,
+    "PodTopologySpread": 2,
+    "InterPodAffinity": 2,
+    "NodeResourcesBalancedAllocation": 1,
+    "ImageLocality": 1,
+}
+MAX_NODE_SCORE, MAX_EXTENDER_PRIORITY = 100, 10
+
+
+def scheduler_config() -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load(find("ConfigMap", "kdrl-scheduler-config")["data"]["config.yaml"])
+    return config
+
+
+def profile_weights(profile: dict[str, Any]) -> dict[str, int]:
+    """The score plugins a profile runs, with their weights, after its overrides."""
+    weights = dict(DEFAULT_SCORE_WEIGHTS)
+    for section in ("score", "multiPoint"):
+        plugins = (profile.get("plugins") or {}).get(section) or {}
+        for plugin in plugins.get("disabled") or []:
+            weights = (
+                {} if plugin["name"] == "*" else {k: v for k, v in weights.items() if k != plugin["name"]}
+            )
+        for plugin in plugins.get("enabled") or []:
+            weights[plugin["name"]] = plugin.get("weight", 1)
+    return weights
+
+
+def chosen(plugin_scores: np.ndarray, weights: np.ndarray, extender: np.ndarray | None, weight: int) -> int:
+    """kube-scheduler's prioritizeNodes: Σ plugin score x weight, plus each extender's 0-10
+    score x its weight x (MaxNodeScore / MaxExtenderPriority); the highest total wins."""
+    total = plugin_scores @ weights
+    if extender is not None:
+        total = total + extender * weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+    return int(np.argmax(total))
+
+
+def test_the_extender_decides_when_it_answers_and_the_default_profile_when_it_does_not() -> None:
+    config = scheduler_config()
+    (profile,) = config["profiles"]
+    (extender,) = config["extenders"]
+    weights = profile_weights(profile)
+    assert weights == DEFAULT_SCORE_WEIGHTS  # down or slow (ignorable), placement is kube-default's
+    vector = np.array(list(weights.values()))
+    # The worst case: every plugin prefers the node the extender ranks one point lower.
+    assert extender["weight"] * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY) > MAX_NODE_SCORE * vector.sum()
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        nodes = int(rng.integers(2, 40))
+        plugin_scores = rng.integers(0, MAX_NODE_SCORE + 1, size=(nodes, vector.size))
+        raw = rng.normal(size=nodes)
+        answer = extender_scores(np.where(rng.random(nodes) < 0.2, raw.max(), raw))
+        best = set(np.flatnonzero(answer == answer.max()).tolist())
+        assert chosen(plugin_scores, vector, answer, extender["weight"]) in best
+        assert chosen(plugin_scores, vector, None, extender["weight"]) == int(
+            np.argmax(plugin_scores @ vector)
+        )
+    adversarial = np.array([[0] * vector.size, [MAX_NODE_SCORE] * vector.size])
+    assert chosen(adversarial, vector, np.array([10, 9]), extender["weight"]) == 0
