@@ -152,7 +152,9 @@ def _prewarming(app: web.Application, api: ApiClient, settings: Settings, watch:
     ):
         follow = partial(informer.follow, collection, store, watch)
         app.cleanup_ctx.append(_background(follow, collection.name))
-    app.cleanup_ctx.append(_background(elector.run, "leader-election"))
+    # Cleanup runs in reverse: the prewarm loop stops (and restores) first, then the lease is
+    # released, so no successor acts while this replica still undoes its changes.
+    app.cleanup_ctx.append(_background(elector.run, "leader-election", then=elector.release))
     keep = config.keep_on_shutdown
     app.cleanup_ctx.append(_background(plan_forever, "prewarm", then=partial(loop.shutdown, keep=keep)))
 

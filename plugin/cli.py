@@ -99,8 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     undo = commands.add_parser(
         "cleanup", help="restore every revision the plugin changed", description=_cleanup.__doc__
     )
-    undo.add_argument("--kube-api-url", help="API server URL (default: in-cluster, else kubeconfig)")
-    undo.add_argument("--kubeconfig", type=Path, help="kubeconfig file")
+    undo.add_argument(
+        "--kube-api-url", help="API server URL [env KDRL_KUBE_API_URL; default: in-cluster, else kubeconfig]"
+    )
+    undo.add_argument("--kubeconfig", help="kubeconfig file [env KDRL_KUBECONFIG; default ~/.kube/config]")
     undo.add_argument("--timeout-s", type=float, default=10.0, help="per request")
     undo.add_argument(
         "--namespace", default=kube.PLUGIN_NAMESPACE, help="the plugin's namespace (pre-pull pods)"
@@ -114,8 +116,11 @@ def _cleanup(args: argparse.Namespace) -> int:
     its pre-pull pods (works after the plugin is gone); revisions a human has edited since are
     listed and left alone."""
 
+    flags = {"KDRL_KUBE_API_URL": args.kube_api_url, "KDRL_KUBECONFIG": args.kubeconfig}
+    connection = settings.load(flags, os.environ).kube  # the same settings `kdrl serve` connects with
+
     async def run() -> cleanup.CleanupReport:
-        api = await kube.connect(api_url=args.kube_api_url, kubeconfig=args.kubeconfig)
+        api = await kube.connect(api_url=connection.api_url, kubeconfig=connection.kubeconfig)
         try:
             return await cleanup.cleanup(api, timeout_s=args.timeout_s, namespace=args.namespace)
         finally:

@@ -4,6 +4,8 @@ The loop client-go's reflectors run: list once, watch from the list's resourceVe
 from the last seen version when the server ends a watch, relist at once on 410 Gone, and on
 any other failure wait (capped exponential backoff with jitter) and relist, which both proves
 the API server is back and catches up in one step (the history may have been compacted).
+A collection whose API is not served at all (404: an optional CRD such as Eventing's Trigger
+not installed) is said once at INFO and looked for again every `absent_recheck_s`.
 What to do with the objects is the `Handler`'s business.
 """
 
@@ -29,6 +31,7 @@ class WatchSettings:
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
     publish_interval_s: float = 0.05  # coalesces bursts of events into one snapshot
+    absent_recheck_s: float = 300.0  # how often to look again for an API that is not installed
 
 
 class Handler(Protocol):
@@ -46,10 +49,14 @@ async def follow(collection: kube.Collection, handler: Handler, settings: WatchS
     """Keep `handler` current with `collection` until cancelled."""
     backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
     version: str | None = None
+    absent = False  # the API answered 404 last time: said once, looked for rarely
     while True:
         try:
             if version is None:
                 items, version = await kube.list_objects(collection, timeout_s=settings.list_timeout_s)
+                if absent:
+                    logger.info("%s: the API is served now", collection.name)
+                    absent = False
                 logger.info("listed %d %s at resourceVersion %s", len(items), collection.name, version)
                 handler.replace(items)
                 handler.live(True)
@@ -61,6 +68,14 @@ async def follow(collection: kube.Collection, handler: Handler, settings: WatchS
                     handler.apply(type_, obj)
                 backoff.reset()
         except KubeApiError as error:
+            if error.status == 404 and collection.absent and version is None:
+                if not absent:
+                    recheck = settings.absent_recheck_s
+                    logger.info("%s (%s); looking again every %.0f s", collection.absent, error, recheck)
+                    absent = True
+                handler.live(False)
+                await asyncio.sleep(settings.absent_recheck_s)
+                continue
             if error.status == 410:
                 logger.info("%s watch expired at resourceVersion %s; relisting", collection.name, version)
                 version = None

@@ -20,7 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 import aiohttp
 from kubernetes.aio import client, config, watch
 
-from plugin.errors import KubeApiError
+from plugin.errors import KubeApiError, SettingsError
 
 Obj = dict[str, Any]
 P = ParamSpec("P")
@@ -56,15 +56,22 @@ def api_call(
 async def connect(*, api_url: str | None, kubeconfig: Path | None) -> client.ApiClient:
     """An API client: an explicit URL, else in-cluster credentials, else a kubeconfig."""
     configuration = client.Configuration()
-    if api_url:
-        configuration.host = api_url
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        await config.load_kube_config(
-            config_file=str(kubeconfig) if kubeconfig else None,
-            client_configuration=configuration,
-        )
+    try:
+        if api_url:
+            configuration.host = api_url
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            await config.load_kube_config(
+                config_file=str(kubeconfig) if kubeconfig else None,
+                client_configuration=configuration,
+            )
+    except (config.ConfigException, OSError, ValueError) as error:
+        where = kubeconfig or "~/.kube/config"
+        raise SettingsError(
+            f"no Kubernetes connection: {error} (set KDRL_KUBE_API_URL, or KDRL_KUBECONFIG for a "
+            f"kubeconfig other than {where}, or run in a cluster)"
+        ) from error
     return client.ApiClient(configuration)
 
 
@@ -88,12 +95,18 @@ class Collection:
     lister: Callable[..., Awaitable[Any]]
     args: tuple[Any, ...] = ()
     query: tuple[tuple[str, str], ...] = ()
+    absent: str = ""  # what a 404 on the collection means to an operator ("" : a failure like any)
 
 
 @api_call("eventing.knative.dev", "triggers", "list", "watch")
 def triggers(api: client.ApiClient) -> Collection:
     lister = client.CustomObjectsApi(api).list_cluster_custom_object
-    return Collection("triggers", lister, ("eventing.knative.dev", "v1", "triggers"))
+    return Collection(
+        "triggers",
+        lister,
+        ("eventing.knative.dev", "v1", "triggers"),
+        absent="Knative Eventing is not installed: counting invocations from Triggers is off",
+    )
 
 
 async def list_objects(collection: Collection, *, timeout_s: float) -> tuple[list[Obj], str]:

@@ -4,7 +4,9 @@ The decision (`claim`) is pure and follows client-go's leaderelection: a replica
 lease while it renews it within `leaseDurationSeconds`; another takes over only after that
 has passed without a renewal. Writes carry the lease's `resourceVersion`, so when two replicas
 race, the API server lets one win (the other gets 409 and stays a follower). Every replica
-keeps serving the extender either way.
+keeps serving the extender either way. A leader that stops cleanly releases the lease as
+client-go's ReleaseOnCancel does (no holder, a one-second duration), so a successor takes over
+at its next try instead of waiting out the full duration.
 """
 
 from __future__ import annotations
@@ -97,6 +99,32 @@ class LeaderElector:
         except KubeApiError as error:
             return self._set(False, f"lost the lease race: {error}" if error.status == 409 else str(error))
         return self._set(True, "holding the lease")
+
+    async def release(self) -> None:
+        """Give the lease up if this replica holds it; best effort (it expires anyway)."""
+        if not self.leading:
+            return
+        self.leading = False
+        try:
+            lease = await kube.get_lease(
+                self.api, namespace=self.namespace, name=self.name, timeout_s=self.timeout_s
+            )
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.me:
+                return
+            stamp = datetime.now(UTC).strftime(MICRO)
+            released = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": stamp}
+            await kube.write_lease(
+                self.api,
+                namespace=self.namespace,
+                name=self.name,
+                spec=released,
+                resource_version=lease.get("metadata", {}).get("resourceVersion"),
+                timeout_s=self.timeout_s,
+            )
+            logger.info("leader election: %s released the lease", self.me)
+        except KubeApiError as error:
+            logger.warning("leader election: could not release the lease (%s); it expires on its own", error)
 
     def _set(self, leading: bool, why: str) -> bool:
         if leading != self.leading:

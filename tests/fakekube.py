@@ -63,6 +63,7 @@ class FakeKube:
     bindings: list[Obj] = field(default_factory=list)
     patches: list[tuple[str, Obj]] = field(default_factory=list)  # (namespace/name, merge patch)
     interfere: dict[str, Obj] = field(default_factory=dict)  # namespace/name -> written just before its patch
+    not_served: set[str] = field(default_factory=set)  # kinds not installed: 404, as for a missing CRD
     _changed: asyncio.Event = field(default_factory=asyncio.Event)  # replaced on every change
 
     # -- state changes, as a controller or kubelet would make them ---------------------------
@@ -200,6 +201,8 @@ class FakeKube:
 
     def _collection(self, kind: str) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
+            if kind in self.not_served:
+                return _status(404, "NotFound", "the server could not find the requested resource")
             if request.query.get("watch") in ("true", "1"):
                 return await self._watch(request, kind)
             items = [o for o in self.objects[kind].values() if _selected(o, request)]

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bench import synthetic
 from plugin import app as service
+from plugin import informer, kube
+from plugin.informer import WatchSettings
 from plugin.keys import CACHE
 from plugin.settings import HistorySettings, KubeSettings, Settings
+from tests.conftest import api_client
 from tests.fakekube import FakeKube
 
 Client = TestClient[web.Request, web.Application]
@@ -130,3 +136,43 @@ async def test_not_ready_until_the_first_sync(aiohttp_client: Any, fake_kube: Fa
     assert (await response.json())["ready"] is False
     fake.outage = False
     await eventually(lambda: ready(client))
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.lists: list[list[dict[str, Any]]] = []
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self.lists.append(items)
+
+    def apply(self, type_: str, obj: dict[str, Any]) -> None:
+        pass
+
+    def live(self, live: bool) -> None:
+        pass
+
+
+async def test_an_api_that_is_not_installed_is_said_once_and_looked_for_again(
+    fake_kube: FakeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake, url = fake_kube
+    fake.not_served.add("triggers")
+    recorder = _Recorder()
+    settings = WatchSettings(
+        watch_timeout_s=1, backoff_initial_s=0.01, backoff_max_s=0.02, absent_recheck_s=0.05
+    )
+    caplog.set_level(logging.INFO, logger="plugin.informer")
+    async with api_client(url) as api:
+        task = asyncio.create_task(informer.follow(kube.triggers(api), recorder, settings))
+        await eventually(
+            lambda: asyncio.sleep(0, fake.requests.count("GET /apis/eventing.knative.dev/v1/triggers") >= 5)
+        )
+        absent = [r for r in caplog.records if "Eventing is not installed" in r.getMessage()]
+        assert len(absent) == 1 and absent[0].levelno == logging.INFO
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        fake.not_served.clear()  # Eventing installed meanwhile: found on the next look
+        await eventually(lambda: asyncio.sleep(0, bool(recorder.lists)))
+        assert any("served now" in r.getMessage() for r in caplog.records)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -64,3 +64,24 @@ async def test_racing_replicas_one_wins_and_an_outage_means_following(
     finally:
         for api in apis:
             await api.close()
+
+
+async def test_a_clean_stop_releases_the_lease_so_the_successor_need_not_wait(
+    fake_kube: tuple[FakeKube, str],
+) -> None:
+    fake, url = fake_kube
+    api_a, api_b = api_client(url), api_client(url)
+    a = LeaderElector(api_a, namespace="kdrl-system", name="kdrl-prewarm", me="a", duration_s=15)
+    b = LeaderElector(api_b, namespace="kdrl-system", name="kdrl-prewarm", me="b", duration_s=15)
+    try:
+        assert await a.step(datetime.now(UTC)) is True
+        assert await b.step(datetime.now(UTC)) is False  # held for 15 s ...
+        await a.release()
+        assert not a.leading
+        assert fake.objects["leases"]["kdrl-system/kdrl-prewarm"]["spec"]["holderIdentity"] == ""
+        assert await b.step(datetime.now(UTC)) is True  # ... but released: taken at once
+        await a.release()  # a follower has nothing to give up
+        assert fake.objects["leases"]["kdrl-system/kdrl-prewarm"]["spec"]["holderIdentity"] == "b"
+    finally:
+        await api_a.close()
+        await api_b.close()
