@@ -3,9 +3,10 @@
 Every replica plans (so `/debug/prewarm` shows the same reasoning everywhere); only the
 replica holding the Lease changes anything, and in shadow mode none does. Applying a plan
 means: hold each warm entry's replicas on the function's routed revisions until the entry
-expires, restore the functions this replica warmed that the plan no longer holds, and run the
-pre-pulls. A failing API server costs a logged cycle and a growing pause (never a tight loop);
-on a clean shutdown the functions this replica warmed are restored unless told to keep them.
+expires, restore every revision that carries the plugin's records but is not held by the plan
+(whoever warmed it: a leader that crashed leaves no one else to), and run the pre-pulls. A
+failing API server costs a logged cycle and a growing pause (never a tight loop); on a clean
+shutdown the functions this replica warmed are restored unless told to keep them.
 """
 
 from __future__ import annotations
@@ -93,13 +94,20 @@ class PrewarmLoop:
         return decided
 
     async def _apply(self, decided: PrewarmPlan) -> None:
+        kept: set[str] = set()
+        now = datetime.fromtimestamp(self.clock(), UTC)
         for entry in decided.warm:
             until = datetime.fromtimestamp(entry.expires_minute * 60, UTC)
-            for applied in await self.actuator.warm(entry.function, entry.replicas, until):
+            for applied in await self.actuator.warm(entry.function, entry.replicas, until, now):
+                kept.add(applied.revision)
                 await self._emit("warm", applied, {"replicas": entry.replicas, "until": until.isoformat()})
-            self.warmed.add(entry.function)
-        for function in sorted(self.warmed - {e.function for e in decided.warm}):
-            await self.restore(function)
+            if not self.actuator.shadow:  # shadow mode holds nothing warm
+                self.warmed.add(entry.function)
+        for revision in await self.actuator.held():
+            if revision not in kept:
+                namespace, _, name = revision.partition("/")
+                await self._emit("restore", await self.actuator.restore_revision(namespace, name), {})
+        self.warmed &= {e.function for e in decided.warm}
         targets = [prepull.Target(node=p.node, image=p.image) for p in decided.pulls]
         for applied in await self.prepuller.ensure(targets):
             await self._emit("prepull", applied, {})

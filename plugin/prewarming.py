@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from kubernetes.aio.client import ApiClient
@@ -41,9 +42,23 @@ class RevisionActuator:
     def __init__(self, api: ApiClient, *, timeout_s: float, shadow: bool) -> None:
         self.api, self.timeout_s, self.shadow = api, timeout_s, shadow
 
-    async def warm(self, function: str, replicas: int, until: datetime) -> list[Applied]:
-        """Hold `replicas` warm on each routed revision of `function` ("namespace/service")."""
-        return await self._each_routed(function, lambda a: actuation.warm(a, replicas, until), "warm")
+    async def warm(self, function: str, replicas: int, until: datetime, now: datetime) -> list[Applied]:
+        """Hold `replicas` warm on each routed revision of `function` ("namespace/service");
+        a window held already is renewed only when it would lapse soon after `now`."""
+        return await self._each_routed(
+            function, partial(actuation.warm, replicas=replicas, until=until, now=now), "warm"
+        )
+
+    async def held(self) -> list[str]:
+        """Every revision ("namespace/name") carrying the plugin's records, whoever wrote them:
+        a leader owns them all, including what a crashed predecessor left warm."""
+        items, _ = await kube.list_objects(kube.revisions(self.api), timeout_s=self.timeout_s)
+        found = []
+        for revision in items:
+            meta = revision.get("metadata") or {}
+            if actuation.APPLIED in (meta.get("annotations") or {}):
+                found.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+        return sorted(found)
 
     async def restore(self, function: str) -> list[Applied]:
         return await self._each_routed(function, actuation.restore, "restore")
@@ -99,7 +114,8 @@ class RevisionActuator:
                         continue
                     raise
                 logger.info("%s %s: %s", action, key, change.reason)
-                await self._record(revision, action, change.reason)
+                if not change.renewal:  # one Event per change, none per renewed window
+                    await self._record(revision, action, change.reason)
                 return Applied(key, change.reason, patched=True)
         raise AssertionError("unreachable")  # the loop returns or raises
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from prewarm import rfc3339
 
@@ -27,6 +27,9 @@ ORIGINAL = "kdrl.dev/original-min-scale"
 APPLIED = "kdrl.dev/applied-min-scale"
 UNTIL = "kdrl.dev/prewarm-until"
 OURS = (ORIGINAL, APPLIED, UNTIL)
+# A held window is renewed only when less than this is left: a few planning cycles of margin,
+# instead of a patch (and a Revision write) every minute per warm function.
+RENEW_WITHIN = timedelta(minutes=3)
 
 Patch = dict[str, dict[str, dict[str, str | None]]]  # {"metadata": {"annotations": {...}}}
 
@@ -37,6 +40,7 @@ class Change:
 
     patch: Patch | None
     reason: str
+    renewal: bool = False  # only the window moves: no Event for it (one Event per real change)
 
 
 def author_min_scale(annotations: Mapping[str, str]) -> int:
@@ -45,14 +49,21 @@ def author_min_scale(annotations: Mapping[str, str]) -> int:
     return _int(text)
 
 
-def warm(annotations: Mapping[str, str], replicas: int, until: datetime) -> Change:
-    """Hold at least `replicas` warm until `until` (never below the author's value)."""
+def warm(
+    annotations: Mapping[str, str], replicas: int, until: datetime, *, now: datetime | None = None
+) -> Change:
+    """Hold at least `replicas` warm until `until` (never below the author's value). With `now`,
+    a window already held at that size is renewed only once less than `RENEW_WITHIN` is left."""
     if _human_edited(annotations):
         return Change(None, "min-scale edited by someone else since the plugin set it: leaving it")
     target = max(replicas, author_min_scale(annotations))
     current = _int(annotations.get(MIN_SCALE))
     if APPLIED not in annotations and target <= current:
         return Change(None, f"the author's min-scale {current} already covers {replicas}")
+    held_until = rfc3339.parse(annotations.get(UNTIL) or "")
+    same_size = annotations.get(APPLIED) == str(target)
+    if same_size and now is not None and held_until is not None and held_until - now > RENEW_WITHIN:
+        return Change(None, f"warm until {annotations[UNTIL]} already")
     changes: dict[str, str | None] = {
         MIN_SCALE: str(target),
         APPLIED: str(target),
@@ -62,6 +73,8 @@ def warm(annotations: Mapping[str, str], replicas: int, until: datetime) -> Chan
         changes[ORIGINAL] = annotations.get(MIN_SCALE, "")
     if all(annotations.get(key) == value for key, value in changes.items()):
         return Change(None, "already warm as planned")
+    if same_size:
+        return Change(_patch(changes), f"window renewed until {changes[UNTIL]}", renewal=True)
     return Change(_patch(changes), f"min-scale {target} until {changes[UNTIL]}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from plugin.settings import HistorySettings, KubeSettings, PrewarmSettings, Sett
 from policies import heuristics
 from policies.types import Node, NodeTable, Priority
 from prewarm import actuation as act
+from prewarm import rfc3339
 from prewarm.planning import Budget
 from tests.conftest import api_client
 from tests.fakekube import FakeKube
@@ -268,3 +270,44 @@ async def test_the_plan_is_a_span_linked_to_its_forecast_and_each_change_a_child
     for change in ("kdrl.prewarm.warm", "kdrl.prewarm.prepull"):
         assert finished[change].parent is not None
         assert finished[change].parent.span_id == planned.context.span_id
+
+
+async def test_a_new_leader_restores_what_a_crashed_one_left_warm(
+    setup: tuple[FakeKube, dict[str, Any]],
+) -> None:
+    fake, env = setup
+    crashed = loop(env)
+    await crashed.cycle()
+    assert min_scale(fake) == "1"
+    del crashed  # killed: no shutdown, its memory of what it warmed is gone
+    env["state"]["forecasts"] = {}  # the window is over: nothing holds the function any more
+    successor = loop(env)
+    assert successor.warmed == set()
+    await successor.cycle()
+    assert fake.objects["revisions"]["shop/hello-00002"]["metadata"]["annotations"] == {"team": "shop"}
+
+
+async def test_a_held_window_is_renewed_only_when_it_would_lapse(
+    setup: tuple[FakeKube, dict[str, Any]],
+) -> None:
+    fake, env = setup
+    cycle = loop(env)
+    await cycle.cycle()
+    patches, events = len(fake.patches), len(fake.objects["events"])
+    assert patches == 1 and events == 1
+    for _ in range(3):  # the next minutes' plans hold it again, the window still far from its end
+        await cycle.cycle()
+    assert len(fake.patches) == patches and len(fake.objects["events"]) == events
+    annotations = fake.objects["revisions"]["shop/hello-00002"]["metadata"]["annotations"]
+    annotations[act.UNTIL] = rfc3339.render(
+        datetime.fromtimestamp(NOW, UTC) + timedelta(minutes=1)
+    )  # about to lapse
+    await cycle.cycle()
+    assert len(fake.patches) == patches + 1  # renewed ...
+    assert len(fake.objects["events"]) == events  # ... without a new Event: nothing changed for SREs
+
+
+async def test_shadow_mode_reports_nothing_as_warmed(setup: tuple[FakeKube, dict[str, Any]]) -> None:
+    _, env = setup
+    shadow = loop(env, shadow=True)
+    assert (await shadow.cycle()).warm and shadow.warmed == set()

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from tests.conftest import api_client
 from tests.fakekube import FakeKube
 
 UNTIL = datetime(2026, 12, 2, 18, 10, tzinfo=UTC)
+NOW = UNTIL - timedelta(minutes=10)
 
 
 def service(name: str, traffic: list[tuple[str, int]]) -> dict[str, Any]:
@@ -66,7 +68,7 @@ async def test_warm_patches_only_routed_revisions_and_restore_undoes_it(
 ) -> None:
     fake, actuator = cluster
     before = {name: annotations(fake, name) for name in ("hello-00001", "hello-00002", "hello-00003")}
-    applied = await actuator.warm("shop/hello", 2, UNTIL)
+    applied = await actuator.warm("shop/hello", 2, UNTIL, NOW)
     assert [a.revision for a in applied] == ["shop/hello-00002", "shop/hello-00003"]
     assert all(a.patched for a in applied)
     assert annotations(fake, "hello-00002")[act.MIN_SCALE] == "2"
@@ -86,7 +88,7 @@ async def test_warm_patches_only_routed_revisions_and_restore_undoes_it(
 async def test_shadow_mode_changes_nothing(cluster: tuple[FakeKube, RevisionActuator]) -> None:
     fake, actuator = cluster
     actuator.shadow = True
-    applied = await actuator.warm("shop/hello", 3, UNTIL)
+    applied = await actuator.warm("shop/hello", 3, UNTIL, NOW)
     assert [a.patched for a in applied] == [False, False]
     assert "min-scale 3" in applied[0].reason
     assert fake.patches == []
@@ -96,10 +98,10 @@ async def test_a_human_edit_between_read_and_write_is_respected(
     cluster: tuple[FakeKube, RevisionActuator],
 ) -> None:
     fake, actuator = cluster
-    await actuator.warm("shop/hello", 2, UNTIL)
+    await actuator.warm("shop/hello", 2, UNTIL, NOW)
     edited = revision("hello-00003", {**annotations(fake, "hello-00003"), act.MIN_SCALE: "7"})
     await fake.modify("revisions", edited)
-    applied = await actuator.warm("shop/hello", 4, UNTIL + timedelta(minutes=5))
+    applied = await actuator.warm("shop/hello", 4, UNTIL + timedelta(minutes=5), NOW)
     assert applied[1].patched is False and "edited by someone else" in applied[1].reason
     assert annotations(fake, "hello-00003")[act.MIN_SCALE] == "7"
 
@@ -107,7 +109,7 @@ async def test_a_human_edit_between_read_and_write_is_respected(
 async def test_a_conflicting_write_is_decided_again(cluster: tuple[FakeKube, RevisionActuator]) -> None:
     fake, actuator = cluster
     fake.interfere["shop/hello-00003"] = revision("hello-00003", {"team": "a"})  # lands first
-    applied = await actuator.warm("shop/hello", 2, UNTIL)
+    applied = await actuator.warm("shop/hello", 2, UNTIL, NOW)
     assert applied[1].patched
     assert sum(key == "shop/hello-00003" for key, _ in fake.patches) == 1  # the 409, then one patch
     assert [r for r in fake.requests if "hello-00003" in r].count(
@@ -120,16 +122,16 @@ async def test_a_conflicting_write_is_decided_again(cluster: tuple[FakeKube, Rev
 async def test_deleted_revision_and_missing_service(cluster: tuple[FakeKube, RevisionActuator]) -> None:
     fake, actuator = cluster
     await fake.delete("revisions", "shop/hello-00003")
-    applied = await actuator.warm("shop/hello", 2, UNTIL)
+    applied = await actuator.warm("shop/hello", 2, UNTIL, NOW)
     assert applied[1].reason == "revision not found" and not applied[1].patched
-    assert await actuator.warm("shop/absent", 2, UNTIL) == []
+    assert await actuator.warm("shop/absent", 2, UNTIL, NOW) == []
 
 
 async def test_an_outage_is_a_clear_error(cluster: tuple[FakeKube, RevisionActuator]) -> None:
     fake, actuator = cluster
     fake.outage = True
     with pytest.raises(KubeApiError) as caught:
-        await actuator.warm("shop/hello", 2, UNTIL)
+        await actuator.warm("shop/hello", 2, UNTIL, NOW)
     assert caught.value.status == 503
 
 
@@ -138,7 +140,7 @@ async def test_cleanup_restores_from_the_revisions_alone(
 ) -> None:
     fake, actuator = cluster
     before = {name: annotations(fake, name) for name in ("hello-00001", "hello-00002", "hello-00003")}
-    await actuator.warm("shop/hello", 3, UNTIL)
+    await actuator.warm("shop/hello", 3, UNTIL, NOW)
     held = revision("hello-00003", {**annotations(fake, "hello-00003"), act.MIN_SCALE: "9"})
     await fake.modify("revisions", held)  # a human took this one over
     api = api_client(fake_kube[1])  # a fresh client: nothing of the plugin's state
@@ -192,7 +194,7 @@ async def test_cleanup_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     fake, actuator = cluster
-    await actuator.warm("shop/hello", 2, UNTIL)
+    await actuator.warm("shop/hello", 2, UNTIL, NOW)
     target = prepull.Target(node="node-a", image="registry.example.com/shop/hello:1")
     await fake.add("pods", prepull.pod(target, namespace="kdrl-system"))
     await fake.add("pods", {"metadata": {"name": "someone-else", "namespace": "kdrl-system"}})
@@ -203,3 +205,27 @@ async def test_cleanup_command(
     assert printed["deleted_pods"] == [f"kdrl-system/{prepull.pod_name(target)}"]
     assert list(fake.objects["pods"]) == ["kdrl-system/someone-else"]  # not ours: left alone
     assert act.APPLIED not in annotations(fake, "hello-00002")
+
+
+def test_cleanup_without_any_connection_settings_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for key in ("KDRL_KUBE_API_URL", "KDRL_KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBECONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    assert cli.main(["cleanup"]) == 2
+    error = capsys.readouterr().err
+    assert "no Kubernetes connection" in error and "KDRL_KUBE_API_URL" in error and "Traceback" not in error
+
+
+async def test_cleanup_connects_with_the_services_environment(
+    cluster: tuple[FakeKube, RevisionActuator],
+    fake_kube: tuple[FakeKube, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, actuator = cluster
+    await actuator.warm("shop/hello", 2, UNTIL, NOW)
+    monkeypatch.setenv("KDRL_KUBE_API_URL", fake_kube[1])
+    assert await asyncio.to_thread(cli.main, ["cleanup"]) == 0
+    assert json.loads(capsys.readouterr().out)["restored"] == ["shop/hello-00002", "shop/hello-00003"]
