@@ -66,13 +66,35 @@ def serve_offline(
     """`kdrl serve` offline in a subprocess on a free port; returns once `/readyz` says ready.
 
     With `capture_logs`, its stderr is a pipe the caller must drain (`communicate`)."""
+    return _serve(["--nodes", str(nodes), "--pods", str(pods), *extra], env=env, capture_logs=capture_logs)
+
+
+def serve_online(
+    api_url: str, directory: Path, *, source: Path | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`kdrl serve` watching the API server at `api_url`; returns once its cache has synced.
+    `source`: the tree to run it from (another checkout of the repository; default this one)."""
+    history = str(directory / "history.db")
+    env = {"PYTHONPATH": str(source)} if source is not None else None
+    server, port, _ = _serve(
+        ["--kube-api-url", api_url, "--log-level", "WARNING", "--history-path", history], env=env, cwd=source
+    )
+    return server, port
+
+
+def _serve(
+    extra: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    capture_logs: bool = False,
+    cwd: Path | None = None,
+) -> tuple[subprocess.Popen[bytes], int, dict[str, object]]:
     port = free_port()
-    command = [sys.executable, "-m", "plugin", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--nodes", str(nodes), "--pods", str(pods), *extra]
+    command = [sys.executable, "-m", "plugin", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
     if "--history-path" not in extra:  # keep the server's database out of the working tree
         command += ["--history-path", str(Path(tempfile.mkdtemp()) / "history.db")]
     stderr = subprocess.PIPE if capture_logs else None
-    server = subprocess.Popen(command, env={**os.environ, **(env or {})}, stderr=stderr)
+    server = subprocess.Popen(command, env={**os.environ, **(env or {})}, stderr=stderr, cwd=cwd)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and server.poll() is None:
         try:
@@ -82,7 +104,8 @@ def serve_offline(
             if response.status == 200:
                 return server, port, json.loads(response.read())
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     server.kill()
     raise RuntimeError("kdrl serve did not become ready")
 
@@ -142,19 +165,26 @@ class Connection:
         return head.encode() + body
 
     def exchange(self, request: bytes) -> tuple[int, bytes]:
+        status, _, body = self.exchange_with_headers(request)
+        return status, body
+
+    def exchange_with_headers(self, request: bytes) -> tuple[int, dict[str, str], bytes]:
+        """Status, headers (lower-cased names) and body of one request's answer."""
         self._socket.sendall(request)
         while b"\r\n\r\n" not in self._buffer:
             self._buffer += self._receive()
         head, _, rest = self._buffer.partition(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])
-        length = next(
-            int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:")
-        )
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers["content-length"])
         while len(rest) < length:
             rest += self._receive()
         self._buffer = rest[length:]
-        return status, rest[:length]
+        return status, headers, rest[:length]
 
     def _receive(self) -> bytes:
         chunk = self._socket.recv(1 << 20)

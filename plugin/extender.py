@@ -71,6 +71,18 @@ def extender_scores(raw: FloatArray) -> IntArray:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _Filtered:
+    """The last filter answer, for the prioritize call kube-scheduler makes next for the same
+    pod: it sends exactly the names filter passed (extenders filter last), on the same snapshot."""
+
+    uid: str
+    snapshot: Snapshot
+    pod: PodRequest
+    names: list[str]
+    nodes: NodeTable  # the passed rows, in that order
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Priorities:
     """A prioritize answer: candidate nodes with 0..10 scores (a `HostPriorityList` on the wire)."""
 
@@ -98,6 +110,7 @@ class Extender:
             self._policy_attributes["kdrl.policy.degraded"] = self.loaded.degraded
         self._binder = binder
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()
+        self._filtered: _Filtered | None = None
         self._encoder: tuple[ClusterObjects, wire.HostPriorityEncoder] | None = None
 
     def _encoder_for(self, cluster: ClusterObjects) -> wire.HostPriorityEncoder:
@@ -120,6 +133,8 @@ class Extender:
             span.set_attribute("kdrl.feasible", len(passed))
             span.set_attribute("kdrl.unknown_nodes", len(unknown))
             if args["NodeNames"] is not None:
+                rows = np.flatnonzero(verdicts.feasible)
+                self._filtered = _Filtered(pod.uid, snapshot, pod, passed, candidates.take(rows))
                 return wire.filter_result(names=passed, nodes=None, failed=failed, unresolvable=unresolvable)
             keep = set(passed)
             given = args["Nodes"] or wire.NodeList(metadata={}, items=[])
@@ -129,9 +144,16 @@ class Extender:
 
     def prioritize(self, args: wire.ExtenderArgs) -> Priorities:
         with tracer.start_as_current_span("kdrl.extender.prioritize") as span:
-            pod, snapshot = self._pod(args, span)
-            candidates, unknown = self._candidates(args, snapshot)
-            result = ranking.rank(pod, candidates, self.policy)
+            filtered = self._reusable_filter(args)
+            span.set_attribute("kdrl.filter_reused", filtered is not None)
+            if filtered is not None:  # the pod and its candidates as filter just saw them
+                pod, candidates, unknown = filtered.pod, filtered.nodes, list[str]()
+                self._describe(pod, filtered.snapshot, span)
+                result = ranking.rank(pod, candidates, self.policy, prefiltered=True)
+            else:
+                pod, snapshot = self._pod(args, span)
+                candidates, unknown = self._candidates(args, snapshot)
+                result = ranking.rank(pod, candidates, self.policy)
             scores = extender_scores(result.scores)
             span.set_attribute("kdrl.candidates", len(candidates) + len(unknown))
             span.set_attribute("kdrl.feasible", int(result.verdicts.feasible.sum()))
@@ -182,9 +204,24 @@ class Extender:
                 self.cache.assume(uid, node, pod)
             return wire.ExtenderBindingResult(Error="")
 
+    def _reusable_filter(self, args: wire.ExtenderArgs) -> _Filtered | None:
+        """The last filter answer when this prioritize is for the same pod, on the same
+        snapshot and over exactly the nodes it passed; None otherwise."""
+        filtered, self._filtered = self._filtered, None  # used once at most
+        if filtered is None or not filtered.uid or filtered.snapshot is not self.cache.snapshot:
+            return None
+        metadata = args["Pod"].get("metadata") if isinstance(args["Pod"], dict) else None
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
+        return filtered if uid == filtered.uid and args["NodeNames"] == filtered.names else None
+
     def _pod(self, args: wire.ExtenderArgs, span: trace.Span) -> tuple[PodRequest, Snapshot]:
         snapshot = self.cache.snapshot
         pod = convert.pod_request(args["Pod"])
+        self._describe(pod, snapshot, span)
+        return pod, snapshot
+
+    def _describe(self, pod: PodRequest, snapshot: Snapshot, span: trace.Span) -> None:
+        """Remember the pod for bind and put who and what on the span."""
         if pod.uid:
             self._recent[pod.uid] = pod
             self._recent.move_to_end(pod.uid)
@@ -202,7 +239,6 @@ class Extender:
                 "kdrl.snapshot.synced": snapshot.synced,
             }
         )
-        return pod, snapshot
 
     def _candidates(self, args: wire.ExtenderArgs, snapshot: Snapshot) -> tuple[NodeTable, list[str]]:
         """The candidate nodes as a table, in request order, and the names the cache lacks."""

@@ -29,9 +29,21 @@ class Ranking:
         return np.argsort(key, kind="stable")
 
 
-def rank(pod: PodRequest, nodes: NodeTable, policy: PlacementPolicy, *, explain: bool = False) -> Ranking:
-    """Filter and score; with `explain`, also failure reasons and the per-term breakdown."""
-    verdicts = filtering.filter_nodes(pod, nodes, explain=explain)
+def rank(
+    pod: PodRequest,
+    nodes: NodeTable,
+    policy: PlacementPolicy,
+    *,
+    explain: bool = False,
+    prefiltered: bool = False,
+) -> Ranking:
+    """Filter and score; with `explain`, also failure reasons and the per-term breakdown.
+    `prefiltered`: every node has just passed the filter for this pod (skips filtering again)."""
+    verdicts = (
+        filtering.all_feasible(len(nodes))
+        if prefiltered
+        else filtering.filter_nodes(pod, nodes, explain=explain)
+    )
     feasible_rows = np.flatnonzero(verdicts.feasible)
     scores = np.full(len(nodes), np.nan)
     terms: tuple[ScoreTerm, ...] = ()

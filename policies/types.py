@@ -158,11 +158,8 @@ class Node:
     function_pods: Mapping[str, int] = field(default_factory=dict)  # function -> pods on node
 
 
-_INT_COLUMNS = (
-    "cpu_allocatable",
-    "memory_allocatable",
-    "pods_allocatable",
-    "gpu_allocatable",
+# What the pods on a node add up to (the rest of a row describes the node itself).
+USAGE_COLUMNS = (
     "cpu_requested",
     "memory_requested",
     "gpu_requested",
@@ -170,9 +167,16 @@ _INT_COLUMNS = (
     "memory_nonzero_requested",
     "pod_count",
 )
+_INT_COLUMNS = (
+    "cpu_allocatable",
+    "memory_allocatable",
+    "pods_allocatable",
+    "gpu_allocatable",
+    *USAGE_COLUMNS,
+)
 _BOOL_COLUMNS = ("unschedulable",)
-_TAKEN_COLUMNS = (*_INT_COLUMNS, *_BOOL_COLUMNS, "taint_set")
-_FROZEN_COLUMNS = (*_TAKEN_COLUMNS, "origin")
+ROW_COLUMNS = (*_INT_COLUMNS, *_BOOL_COLUMNS, "taint_set")  # every per-row array but `origin`
+_FROZEN_COLUMNS = (*ROW_COLUMNS, "origin")
 
 
 @dataclass(frozen=True, eq=False)
@@ -337,7 +341,7 @@ class NodeTable:
     def take(self, rows: Sequence[int] | IntArray) -> NodeTable:
         """The sub-table of the given rows, in that order."""
         index = np.asarray(rows, dtype=np.int64)
-        columns = {c: getattr(self, c)[index] for c in _TAKEN_COLUMNS}
+        columns = {c: getattr(self, c)[index] for c in ROW_COLUMNS}
         return NodeTable(origin=self.origin[index], cluster=self.cluster, **columns)
 
     def image_sizes(self, image: str) -> IntArray:

@@ -209,3 +209,26 @@ async def test_the_shipped_model_serves(
     body = {"Pod": pending(image=synthetic.image_ref(1)), "NodeNames": ["roomy", "full", "gpu"]}
     status, result = await post(client, "prioritize", body)
     assert status == 200 and [entry["Host"] for entry in result] == ["roomy", "full", "gpu"]
+
+
+async def test_prioritize_reuses_the_filter_of_the_same_pod_with_the_same_answer(
+    offline_client: Client, spans: InMemorySpanExporter
+) -> None:
+    tolerating = pending(
+        image=synthetic.image_ref(1), tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    )
+    _, alone = await post(offline_client, "prioritize", {"Pod": tolerating, "NodeNames": ["roomy", "gpu"]})
+    _, filtered = await post(
+        offline_client, "filter", {"Pod": tolerating, "NodeNames": ["gpu", "full", "roomy"]}
+    )
+    assert filtered["NodeNames"] == ["gpu", "roomy"]
+    _, reused = await post(
+        offline_client, "prioritize", {"Pod": tolerating, "NodeNames": filtered["NodeNames"]}
+    )
+    other = synthetic.knative_pod("hello-def", service="hello", namespace="shop", uid="uid-2")
+    await post(offline_client, "filter", {"Pod": tolerating, "NodeNames": ["gpu", "roomy"]})
+    await post(offline_client, "prioritize", {"Pod": other, "NodeNames": ["gpu", "roomy"]})  # another pod
+    assert {e["Host"]: e["Score"] for e in reused} == {e["Host"]: e["Score"] for e in alone}
+    prioritized = [s for s in spans.get_finished_spans() if s.name == "kdrl.extender.prioritize"]
+    assert [s.attributes["kdrl.filter_reused"] for s in prioritized] == [False, True, False]  # type: ignore[index]
+    assert prioritized[1].attributes["k8s.pod.uid"] == "uid-1"  # type: ignore[index]
