@@ -1,6 +1,6 @@
 """A mutating admission webhook: Knative pods go to the kdrl scheduler without authors asking.
 
-The MutatingWebhookConfiguration (knative/webhook) sends pod creations from namespaces labelled
+The MutatingWebhookConfiguration (knative/overlays/webhook) sends pod creations from namespaces labelled
 `kdrl.dev/enabled: "true"` here; a pod of a Knative Service that names no scheduler (or the
 default one) gets `spec.schedulerName: kdrl-scheduler` through a JSON patch. Everything else is
 allowed unchanged: the webhook never refuses a pod (and its `failurePolicy` is Ignore).
