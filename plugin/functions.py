@@ -31,6 +31,7 @@ Obj = Mapping[str, Any]
 
 PREWARM_ANNOTATION = "kdrl.dev/prewarm"
 TARGET_ANNOTATION = "autoscaling.knative.dev/target"
+MAX_SCALE_ANNOTATION = "autoscaling.knative.dev/max-scale"
 DEFAULT_CONCURRENCY_TARGET = 100.0  # Knative's container-concurrency-target-default
 DEFAULT_COLD_START_S = 5.0  # until one is observed: the pod-startup SLO without a pull
 DEFAULT_DURATION_S = 1.0
@@ -81,6 +82,7 @@ def function_state(
         pod=pod,
         prewarm_allowed=str(annotations.get(PREWARM_ANNOTATION, "true")).strip().lower() != "false",
         author_min_scale=author_min_scale(annotations),
+        max_scale=_max_scale(annotations),
     )
 
 
@@ -168,3 +170,11 @@ def function_states(
         if state is not None:
             out[function] = state
     return out
+
+
+def _max_scale(annotations: Mapping[str, Any]) -> int:
+    """The template's max-scale (0, Knative's default "no limit", when absent or unreadable)."""
+    try:
+        return max(int(str(annotations.get(MAX_SCALE_ANNOTATION, "0")).strip() or "0"), 0)
+    except ValueError:
+        return 0

@@ -67,6 +67,7 @@ class FunctionState:
     pod: PodRequest  # what its next pod would request (for placement and pre-pulls)
     prewarm_allowed: bool = True  # False when annotated kdrl.dev/prewarm: "false"
     author_min_scale: int = 0  # never plan below what the author set
+    max_scale: int = 0  # the revision's max-scale: never plan above it (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,8 @@ def _evaluate(
     rate_per_s = float(np.mean(forecast.expected[:lookahead])) / 60.0 if len(forecast.expected) else 0.0
     busy = rate_per_s * state.duration_s / max(state.concurrency_target, 1e-9)  # Little's law, in pods
     replicas = max(1, math.ceil(busy), state.author_min_scale)
+    if state.max_scale > 0:  # Knative would not run more: holding them warm is memory for nothing
+        replicas = max(min(replicas, state.max_scale), min(state.author_min_scale, state.max_scale))
     benefit = probability * state.cold_start_s * config.cold_start_value_per_s.get(state.priority, 0.0)
     # Expected idle memory-time: the replicas sit idle until the next plan unless invoked (a
     # conservative proxy: an invoked replica is counted as busy all that time).

@@ -90,6 +90,7 @@ def function_states(workload: Workload, startup: StartupConfig) -> dict[str, Fun
             concurrency_target=spec.concurrency_target,
             duration_s=float(workload.duration_ms[i, median]) / 1000.0,
             pod=pod_request(spec),
+            max_scale=spec.max_scale,
         )
         for i, spec in enumerate(workload.functions)
     }

@@ -129,6 +129,15 @@ def test_busy_functions_get_enough_replicas_for_their_concurrency() -> None:
     assert result.replicas("ns/busy") == 5
 
 
+def test_never_above_the_revisions_max_scale() -> None:
+    # 5 replicas would serve the concurrency, but Knative runs at most 2: hold no more than that
+    result = run(
+        [forecast("ns/busy", probability=1.0, per_minute=600)],
+        [state("ns/busy", duration_s=2.0, concurrency_target=4.0, max_scale=2)],
+    )
+    assert result.replicas("ns/busy") == 2
+
+
 def test_never_below_the_authors_min_scale() -> None:
     result = run([forecast("ns/a", probability=0.9)], [state("ns/a", author_min_scale=3)])
     assert result.replicas("ns/a") == 3

@@ -119,6 +119,11 @@ def test_a_knative_service_becomes_the_planners_function_state() -> None:
     assert state.pod.images == (IMAGE,) and state.prewarm_allowed
     opted_out = function_state(knative_service(**{"kdrl.dev/prewarm": "false", act.MIN_SCALE: "2"}))
     assert opted_out is not None and not opted_out.prewarm_allowed and opted_out.author_min_scale == 2
+    assert state.max_scale == 0  # no max-scale: no limit
+    capped = function_state(knative_service(**{"autoscaling.knative.dev/max-scale": "3"}))
+    assert capped is not None and capped.max_scale == 3
+    garbage = function_state(knative_service(**{"autoscaling.knative.dev/max-scale": "lots"}))
+    assert garbage is not None and garbage.max_scale == 0
     assert function_state({"metadata": {}}) is None
 
 
