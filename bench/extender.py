@@ -130,14 +130,7 @@ def bodies(n_nodes: int, count: int, *, full_nodes: list[dict[str, object]] | No
     for i in range(count):
         names = [f"node-{j:05d}" for j in range(n_nodes)]
         rng.shuffle(names)
-        pod = synthetic.knative_pod(
-            f"fn-{i}-pending",
-            service=f"fn-{i % 120:03d}",
-            image=synthetic.image_ref(i % 120),
-            cpu=f"{100 + 50 * (i % 8)}m",
-            memory=f"{128 * (1 + i % 4)}Mi",
-            uid=f"bench-{i}",
-        )
+        pod = synthetic.pending_pod(i, uid_prefix="bench")
         args = (
             {"Pod": pod, "Nodes": None, "NodeNames": names}
             if full_nodes is None

@@ -172,17 +172,7 @@ class Arm:
 
 def run_arm(arm: Arm, n_nodes: int, n_pods: int, seed: int) -> dict[str, Any]:
     nodes, placed = synthetic.cluster(n_nodes, seed=n_nodes)
-    pending = [
-        synthetic.knative_pod(
-            f"fn-{i}-pending",
-            service=f"fn-{i % 120:03d}",
-            image=synthetic.image_ref(i % 120),
-            cpu=f"{100 + 50 * (i % 8)}m",
-            memory=f"{128 * (1 + i % 4)}Mi",
-            uid=f"cycle-{i}",
-        )
-        for i in range(n_pods + WARM_UP)
-    ]
+    pending = [synthetic.pending_pod(i, uid_prefix="cycle") for i in range(n_pods + WARM_UP)]
     with fake_api_server(nodes, placed + pending) as (_, url), tempfile.TemporaryDirectory() as tmp:
         server, port = serve_online(url, Path(tmp), source=arm.source)
         try:

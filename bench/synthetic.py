@@ -125,6 +125,18 @@ def knative_pod(
     }
 
 
+def pending_pod(i: int, *, uid_prefix: str = "pending") -> Obj:
+    """The benchmarks' i-th pending pod: 120 functions' images, a spread of small requests."""
+    return knative_pod(
+        f"fn-{i}-pending",
+        service=f"fn-{i % 120:03d}",
+        image=image_ref(i % 120),
+        cpu=f"{100 + 50 * (i % 8)}m",
+        memory=f"{128 * (1 + i % 4)}Mi",
+        uid=f"{uid_prefix}-{i}",
+    )
+
+
 def cluster(
     n_nodes: int, *, seed: int = 0, n_images: int = 120, load: float = 0.4
 ) -> tuple[list[Obj], list[Obj]]:

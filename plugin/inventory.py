@@ -11,6 +11,7 @@ cache decides when to publish.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import numpy as np
 
 from plugin import convert
 from plugin.errors import ObjectError
-from policies.types import USAGE_COLUMNS, ClusterObjects, Node, NodeTable, PodRequest
+from policies.types import USAGE_COLUMNS, Node, NodeTable, PodRequest
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class Inventory:
             self._rows = {name: row for row, name in enumerate(ordered)}
         base = self._nodes_table
         size = len(base)
-        columns = {c: np.zeros(size, dtype=np.int64) for c in USAGE_COLUMNS}
+        columns: dict[str, Any] = {c: np.zeros(size, dtype=np.int64) for c in USAGE_COLUMNS}
         function_pods = np.fromiter(({} for _ in range(size)), dtype=object, count=size)
         for name, usage in self.usage.items():
             row = self._rows.get(name)
@@ -142,25 +143,8 @@ class Inventory:
                 columns[column][row] = value
             function_pods[row] = dict(usage.functions)
         function_pods.flags.writeable = False
-        shared = base.cluster
-        cluster = ClusterObjects(
-            names=shared.names,
-            labels=shared.labels,
-            taints=shared.taints,
-            images=shared.images,
-            function_pods=function_pods,
-            image_index=shared.image_index,
-            taint_sets=shared.taint_sets,
-            known_economics=shared.economics,
+        # Only usage changes: every other column and object is the nodes' table's own.
+        cluster = dataclasses.replace(
+            base.cluster, function_pods=function_pods, known_economics=base.cluster.economics
         )
-        return NodeTable(
-            cpu_allocatable=base.cpu_allocatable,
-            memory_allocatable=base.memory_allocatable,
-            pods_allocatable=base.pods_allocatable,
-            gpu_allocatable=base.gpu_allocatable,
-            unschedulable=base.unschedulable,
-            taint_set=base.taint_set,
-            origin=base.origin,
-            cluster=cluster,
-            **columns,
-        )
+        return dataclasses.replace(base, cluster=cluster, **columns)

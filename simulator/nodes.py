@@ -13,9 +13,9 @@ cluster-autoscaler's scale-down-unneeded-time default), down to each pool's `min
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -152,7 +152,7 @@ class Nodes:
         # rebuilding them per placement cost a fifth of a simulated run.
         self._cache_generation = 0
         self._objects_key: tuple[int, bytes] | None = None
-        self._objects: tuple[Any, ...] = ()
+        self._objects: ClusterObjects | None = None
 
     def ready(self, now: float) -> IntArray:
         return (self.alive & (self.ready_at <= now)).nonzero()[0]
@@ -161,27 +161,19 @@ class Nodes:
         """The ready nodes as a `NodeTable`, and their node ids."""
         ids = self.ready(now)
         key = (self._cache_generation, ids.tobytes())
-        if key != self._objects_key:
+        if self._objects is None or key != self._objects_key:
             self._objects_key = key
-            self._objects = (
-                self.names[ids],
-                self.labels[ids],
-                self.taints[ids],
-                self.image_sets[ids],
-                self.function_pods[ids],
-                self.economics.take(ids),
+            self._objects = ClusterObjects(
+                names=self.names[ids],
+                labels=self.labels[ids],
+                taints=self.taints[ids],
+                images=self.image_sets[ids],
+                function_pods=self.function_pods[ids],
+                image_index={},  # replaced per call: it depends on `now`
+                taint_sets=self.taint_sets,
+                known_economics=self.economics.take(ids),
             )
-        names, labels, taints, images, function_pods, known_economics = self._objects
-        cluster = ClusterObjects(
-            names=names,
-            labels=labels,
-            taints=taints,
-            images=images,
-            function_pods=function_pods,
-            image_index=_ImageIndex(self, ids, now),
-            taint_sets=self.taint_sets,
-            known_economics=known_economics,
-        )
+        cluster = dataclasses.replace(self._objects, image_index=_ImageIndex(self, ids, now))
         table = NodeTable(
             cpu_allocatable=self.cpu_allocatable[ids],
             memory_allocatable=self.memory_allocatable[ids],

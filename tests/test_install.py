@@ -166,8 +166,8 @@ def test_the_extender_decides_when_it_answers_and_the_default_profile_when_it_do
         answer = extender_scores(np.where(rng.random(nodes) < 0.2, raw.max(), raw))
         best = set(np.flatnonzero(answer == answer.max()).tolist())
         assert chosen(plugin_scores, vector, answer, extender["weight"]) in best
-        assert chosen(plugin_scores, vector, None, extender["weight"]) == int(
-            np.argmax(plugin_scores @ vector)
-        )
+        # Down: the node kube-scheduler's default profile (no overrides) would pick.
+        default = np.array(list(profile_weights({}).values()))
+        assert chosen(plugin_scores, vector, None, 0) == chosen(plugin_scores, default, None, 0)
     adversarial = np.array([[0] * vector.size, [MAX_NODE_SCORE] * vector.size])
     assert chosen(adversarial, vector, np.array([10, 9]), extender["weight"]) == 0
