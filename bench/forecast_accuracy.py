@@ -160,7 +160,7 @@ def _decisions(
     loaded_from, loaded_to, since = _hybrid_windows(counts, order, cutoffs)
     # As served (`Forecast.best_p_within`): the idle-time answer once a function has been invoked,
     # the model's before.
-    idle = _idle_answers(counts, order, cutoffs, loaded_from, loaded_to - loaded_from, max(WITHIN))
+    idle = _idle_answers(counts, order, cutoffs, max(WITHIN))
     served = np.where(np.isnan(idle), p[:, : max(WITHIN)], idle)
     rows = []
     for k in WITHIN:
@@ -212,24 +212,21 @@ def _hybrid_windows(
     return loaded_from, loaded_to, since
 
 
-def _idle_answers(
-    counts: np.ndarray,
-    order: np.ndarray,
-    cutoffs: np.ndarray,
-    prewarm: np.ndarray,
-    keepalive: np.ndarray,
-    horizon: int,
-) -> np.ndarray:
-    """Per (function, cutoff): `idletimes.within_after` from the idle periods seen by the cutoff
-    and the hybrid windows then in force; NaN where the function has not been invoked yet."""
+def _idle_answers(counts: np.ndarray, order: np.ndarray, cutoffs: np.ndarray, horizon: int) -> np.ndarray:
+    """Per (function, cutoff): `idletimes.within_after` from the idle periods seen by the cutoff,
+    shrunk towards the pool of every function's periods seen by then (as the service pools its
+    histories); NaN where the function has not been invoked yet."""
     out = np.full((len(order), horizon), np.nan)
     invoked = [np.flatnonzero(row) for row in counts]
-    for row, (i, cutoff) in enumerate(zip(order, cutoffs)):
-        seen = invoked[i][invoked[i] <= cutoff]
-        if seen.size:
-            gaps = np.diff(seen).astype(np.float64)
-            windows = (float(prewarm[row]), float(keepalive[row]))
-            out[row] = idletimes.within_after(gaps, int(cutoff + 1 - seen[-1]), horizon, windows)
+    for cutoff in np.unique(cutoffs):
+        seen = [m[m <= cutoff] for m in invoked]
+        own = np.stack([idletimes.counts(np.diff(m).astype(np.float64)) for m in seen])
+        prior = idletimes.pooled_hazard(own.sum(axis=0))
+        rows = np.flatnonzero((cutoffs == cutoff) & np.array([seen[i].size > 0 for i in order], dtype=bool))
+        if rows.size:
+            functions = order[rows]
+            elapsed = np.array([cutoff + 1 - seen[i][-1] for i in functions], dtype=np.int64)
+            out[rows] = idletimes.within_after(own[functions], elapsed, horizon, prior)
     return out
 
 

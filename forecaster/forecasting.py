@@ -59,20 +59,42 @@ class Forecast:
     # last invocation (`idletimes`); None where they say too little.
     p_within_idle: FloatArray | None = None
     short_model: str | None = None  # for the first SHORT_STEPS minutes; None: `model`
+    pattern: idletimes.Pattern = idletimes.Pattern.NEW  # what its idle times look like
+    elapsed_minutes: int | None = None  # since its last invocation minute, at start_minute (1: just before)
 
-    def later(self, minutes: int, p_within_idle: FloatArray | None = None) -> Forecast:
-        """This forecast `minutes` on (the first minutes dropped), with the idle-time answer for
-        that moment; `p_within` over what is left assumes the minutes independent."""
+    @property
+    def hybrid_holds(self) -> bool:
+        """Whether the hybrid histogram would hold an instance loaded in the first minute."""
+        elapsed = self.elapsed_minutes
+        return elapsed is not None and self.prewarm_minutes < elapsed + 1 <= (
+            self.prewarm_minutes + self.keepalive_minutes + 1
+        )
+
+    def later(
+        self,
+        minutes: int,
+        p_within_idle: FloatArray | None = None,
+        pattern: idletimes.Pattern | None = None,
+        elapsed_minutes: int | None = None,
+    ) -> Forecast:
+        """This forecast `minutes` on (the first minutes dropped), with the idle-time answer, class
+        and idle time for that moment; `p_within` over what is left assumes the minutes
+        independent."""
+        fresh = replace(
+            self,
+            p_within_idle=p_within_idle,
+            pattern=self.pattern if pattern is None else pattern,
+            elapsed_minutes=elapsed_minutes,
+        )
         if minutes <= 0:
-            return replace(self, p_within_idle=p_within_idle)
+            return fresh
         p_invoked = self.p_invoked[minutes:]
         return replace(
-            self,
+            fresh,
             start_minute=self.start_minute + minutes,
             expected=self.expected[minutes:],
             p_invoked=p_invoked,
             p_within=np.asarray(1.0 - np.cumprod(1.0 - p_invoked), dtype=np.float64),
-            p_within_idle=p_within_idle,
         )
 
     @property
@@ -91,6 +113,8 @@ class Forecast:
             "model": self.model,
             "short_model": self.short_model or self.model,
             "relative_mae": None if self.relative_mae is None else round(self.relative_mae, 4),
+            "pattern": self.pattern.value,
+            "elapsed_minutes": self.elapsed_minutes,
             "p_within_idle": None
             if self.p_within_idle is None
             else [round(float(v), 4) for v in self.p_within_idle],
@@ -203,6 +227,7 @@ class Forecaster:
         """Forecasts for minutes [end_minute, end_minute + horizon) of every function."""
         histories = self.histories(end_minute)
         windows = _hybrid_windows(histories)
+        idle = _idle_answers(histories, horizon)
         out: dict[str, Forecast] = {}
         for kind, functions in self.classes(end_minute, histories).items():
             plans = {function: self.choice.models(function, kind) for function in functions}
@@ -231,7 +256,9 @@ class Forecaster:
                     model=later,
                     short_model=short,
                     relative_mae=self.choice.relative_mae.get(function),
-                    p_within_idle=idle_within(histories[function], horizon, (prewarm, keepalive)),
+                    p_within_idle=idle[function][0],
+                    pattern=idle[function][1],
+                    elapsed_minutes=idle[function][2],
                 )
         return out
 
@@ -264,14 +291,30 @@ def _hybrid_windows(histories: Mapping[str, npt.NDArray[np.int64]]) -> dict[str,
     }
 
 
-def idle_within(
-    series: npt.NDArray[np.int64], horizon: int, windows: tuple[float, float]
-) -> FloatArray | None:
-    """`idletimes.within_after` for a series ending just before the first forecast minute."""
+def _idle_answers(
+    histories: Mapping[str, npt.NDArray[np.int64]], horizon: int
+) -> dict[str, tuple[FloatArray | None, idletimes.Pattern, int | None]]:
+    """Each function's `idletimes` answer for the minutes after its series, its class and its
+    idle minutes (None before its first invocation), all at once, shrunk towards the pool of
+    every history."""
+    functions = list(histories)
+    if not functions:
+        return {}
+    own = np.stack([idletimes.counts(idle_minutes(histories[f])) for f in functions])
+    prior = idletimes.pooled_hazard(own.sum(axis=0))
+    last = np.array([_last_invoked(histories[f]) for f in functions], dtype=np.int64)
+    elapsed = np.array([len(histories[f]) for f in functions], dtype=np.int64) - last
+    within = idletimes.within_after(own, elapsed, horizon, prior)
+    classes = idletimes.patterns(own)
+    return {
+        f: (within[i], classes[i], int(elapsed[i])) if last[i] >= 0 else (None, classes[i], None)
+        for i, f in enumerate(functions)
+    }
+
+
+def _last_invoked(series: npt.NDArray[np.int64]) -> int:
     invoked = np.flatnonzero(series)
-    if invoked.size == 0:
-        return None
-    return idletimes.within_after(idle_minutes(series), len(series) - int(invoked[-1]), horizon, windows)
+    return int(invoked[-1]) if invoked.size else -1
 
 
 def _engine(names: Sequence[str]) -> StatsForecast:

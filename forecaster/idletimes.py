@@ -1,46 +1,102 @@
-"""When the next invocation comes, from a function's own idle times (its empirical hazard).
+"""When the next invocation comes, from a function's own idle times and everyone else's.
 
 A per-minute model forecasts a rate; it cannot tell that a function triggered every 30
 minutes is certain to be invoked 30 minutes after its last invocation and almost certainly not
-at 10. Its idle times can: given that the function has been idle for `elapsed` minutes, the
-chance that its next invocation falls within the next k minutes is the share of its past idle
-periods that ended in that range among those that lasted at least `elapsed`. One pseudo-period
-that never ends keeps the answer below certainty on little data.
+at 10. Its idle times can, as a discrete hazard: of its past idle periods that lasted at least
+`e` minutes, the share that ended at exactly `e`. Few periods say little, so each function's
+hazard is shrunk towards the *pooled* hazard of every function's idle times (empirical Bayes:
+`strength` pseudo-periods drawn from the pool): a new function starts from what functions in
+general do (most idle periods are short, and the longer one lasts the less likely it ends in
+the next minute), and its own timing takes over as its periods accumulate. A timer-like
+function's hazard is a spike at its period: it is warmed just before its next call and
+released right after, with no class-specific rule.
 
-The hybrid histogram's windows answer too, as a verdict: 1 where its keep-alive window (after
-its pre-warm window) reaches into the next k minutes, else 0; the answer is the larger of the
-two. The verdict alone answers where the idle times say too little (few periods, or an idle
-time longer than any seen): that policy was built for little data and functions gone quiet,
-and the hazard only adds warmth where timing is known (in the simulator this halves the
-hybrid's cold starts on the functions prewarming may touch, at its wasted memory:
-docs/prewarm.md).
+The hybrid histogram of "Serverless in the Wild" (`histogram`) answers the same question with
+one window per function, and for functions it knows little of that window is four hours long;
+the hazard spends memory minute by minute where an invocation is likely (docs/prewarm.md).
+
+Idle periods are whole minutes between invocation minutes (1 = consecutive minutes), kept as
+counts per length up to `RANGE_MINUTES` and one bin beyond, so a function's state is one small
+vector and the pool is their sum. Everything takes many functions at once, one row each.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
-MIN_PERIODS = 4  # fewer idle periods than this say too little about the next one
+RANGE_MINUTES = 240  # the hybrid histogram's range; longer periods share the last bin
+BINS = RANGE_MINUTES + 2  # index e = a period of e minutes (1..RANGE_MINUTES); the last: beyond
+PRIOR_STRENGTH = 2.0  # pseudo-periods from the pool in each function's hazard
+MIN_PERIODS = 4  # fewer idle periods than this: a new function, the pool speaks for it
 
 
-def within_after(gaps: FloatArray, elapsed: int, horizon: int, windows: tuple[float, float]) -> FloatArray:
-    """P(next invocation within the next k minutes), k = 1..horizon, never decreasing in k.
+class Pattern(StrEnum):
+    """What a function's idle times look like: published in plans and `/debug/functions`."""
 
-    `gaps`: past idle periods in whole minutes between invocation minutes (1 = consecutive
-    minutes); `elapsed`: minutes since the last invocation minute (1 = it was the previous
-    minute); `windows`: the hybrid histogram's (pre-warm, keep-alive) minutes after it, the
-    only answer when the idle times say too little (fewer than `MIN_PERIODS` periods, or none
-    as long as the current one).
+    NEW = "new"  # fewer than MIN_PERIODS idle periods
+    ALWAYS_WARM = "always-warm"  # invoked (nearly) every minute
+    PERIODIC = "periodic"  # timer-like: most periods within a minute of one length
+    BURSTY = "bursty"  # runs of short periods between long silences
+    SPARSE = "sparse"  # irregular, mostly long periods
+
+
+def counts(gaps: FloatArray) -> FloatArray:
+    """Idle periods (minutes) as counts per length, the last bin for all beyond the range."""
+    lengths = np.clip(np.asarray(gaps, dtype=np.int64), 1, BINS - 1)
+    return np.bincount(lengths, minlength=BINS).astype(np.float64)
+
+
+def pooled_hazard(pooled: FloatArray) -> FloatArray:
+    """The hazard of summed counts: index e = P(a period ends at e | it lasted >= e); index 0
+    unused, and the beyond bin takes the hazard at the range's end (a flat tail)."""
+    at_risk = np.cumsum(pooled[::-1])[::-1]
+    hazard = np.zeros(BINS)
+    hazard[1:-1] = pooled[1:-1] / np.maximum(at_risk[1:-1], 1.0)
+    hazard[-1] = hazard[-2]
+    return hazard
+
+
+def within_after(
+    own: FloatArray, elapsed: IntArray, horizon: int, prior: FloatArray, strength: float = PRIOR_STRENGTH
+) -> FloatArray:
+    """P(next invocation within the next k minutes), k = 1..horizon, one row per function,
+    never decreasing in k.
+
+    `own`: the functions' `counts`, one row each; `elapsed`: minutes since each one's last
+    invocation minute (1 = it was the previous minute), so the next k minutes end periods of
+    elapsed .. elapsed + k - 1; `prior`: the `pooled_hazard`.
     """
-    prewarm, keepalive = windows
-    k = np.arange(1, horizon + 1)
-    verdict = ((prewarm < elapsed + k) & (elapsed <= prewarm + keepalive)).astype(np.float64)
-    longer = gaps[gaps >= elapsed]
-    if gaps.size < MIN_PERIODS or longer.size == 0:
-        return verdict
-    # The next invocation k minutes from now ends a period of elapsed - 1 + k minutes.
-    ends = np.bincount(np.clip(longer - elapsed, 0, horizon).astype(np.int64), minlength=horizon + 1)
-    return np.maximum(np.cumsum(ends[:horizon]) / (longer.size + 1.0), verdict)
+    own = np.atleast_2d(own)
+    at_risk = np.cumsum(own[:, ::-1], axis=1)[:, ::-1]
+    start = np.maximum(np.asarray(elapsed, dtype=np.int64).reshape(-1, 1), 1)
+    lengths = np.minimum(start + np.arange(horizon), BINS - 1)
+    rows = np.arange(own.shape[0]).reshape(-1, 1)
+    ends = np.where(lengths < BINS - 1, own[rows, lengths], 0.0)  # beyond the range: no timing known
+    hazard = (ends + strength * prior[lengths]) / (at_risk[rows, lengths] + strength)
+    return np.asarray(1.0 - np.cumprod(1.0 - np.clip(hazard, 0.0, 1.0), axis=1), dtype=np.float64)
+
+
+def patterns(own: FloatArray) -> list[Pattern]:
+    """Each function's class from its idle-time counts (one row each)."""
+    own = np.atleast_2d(own)
+    periods = own.sum(axis=1)
+    mode = np.argmax(own[:, 2:-1], axis=1) + 2
+    rows = np.arange(own.shape[0])
+    around_mode = own[rows, mode - 1] + own[rows, mode] + own[rows, mode + 1]
+    classes = np.select(
+        [
+            periods < MIN_PERIODS,
+            own[:, 1] >= 0.9 * periods,
+            around_mode >= 0.75 * periods,
+            (own[:, 1:3].sum(axis=1) >= 0.5 * periods) & (own[:, 10:].sum(axis=1) > 0),
+        ],
+        [Pattern.NEW.value, Pattern.ALWAYS_WARM.value, Pattern.PERIODIC.value, Pattern.BURSTY.value],
+        Pattern.SPARSE.value,
+    )
+    return [Pattern(c) for c in classes.tolist()]

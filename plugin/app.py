@@ -134,7 +134,11 @@ def _prewarming(app: web.Application, api: ApiClient, settings: Settings, watch:
         budget=Budget(int(config.warm_memory_gib * (1 << 30)), config.pulls_per_minute),
         leading=lambda: elector.leading,
         clock=time.time,
-        settings=PlannerSettings(window_minutes=config.window_minutes),
+        settings=PlannerSettings(
+            window_minutes=config.window_minutes,
+            hybrid_memory_share=config.hybrid_memory_share or None,
+            scale_down_utilization=config.scale_down_utilization,
+        ),
         emitter=Emitter(config.sink) if config.sink else None,
         forecast_context=lambda: forecasts.context,
     )
@@ -224,7 +228,15 @@ async def _prewarm_plan(request: web.Request) -> web.Response:
 
 
 async def _functions(request: web.Request) -> web.Response:
-    return web.json_response({"functions": sorted(request.app[EVENTS].counts.functions)})
+    """Every function with recorded invocations, and each one's idle-time class (`idletimes`)
+    where the latest forecast cycle saw it."""
+    latest = request.app[FORECASTS].latest
+    return web.json_response(
+        {
+            "functions": sorted(request.app[EVENTS].counts.functions),
+            "patterns": {f: forecast.pattern.value for f, forecast in sorted(latest.items())},
+        }
+    )
 
 
 async def _function(request: web.Request) -> web.Response:

@@ -203,6 +203,20 @@ class PrewarmSettings:
         "How long warm replicas last unless the next plan renews them, minutes.",
         check=_positive,
     )
+    hybrid_memory_share: float = _setting(
+        0.85,
+        "KDRL_PREWARM_HYBRID_MEMORY_SHARE",
+        "Hold no more memory warm than this share of what the hybrid histogram (SitW) would hold "
+        "now; 0 turns this cap off (the GiB budget still holds).",
+        check=_not_negative,
+    )
+    scale_down_utilization: float = _setting(
+        0.5,
+        "KDRL_PREWARM_SCALE_DOWN_UTILIZATION",
+        "The cluster autoscaler's --scale-down-utilization-threshold: a warm replica in free memory "
+        "of a node above it costs idle power only, elsewhere node-hours too.",
+        check=_not_negative,
+    )
     namespace: str = _setting(
         kube.PLUGIN_NAMESPACE,
         "KDRL_NAMESPACE",

@@ -2,23 +2,28 @@
 
 Pure: no clock (the caller passes `now_minute`), no I/O. For each function it weighs the
 expected benefit of a warm replica until the next plan, P(invoked within the lookahead) x the
-cold start it avoids x its priority's value, against its cost, idle memory-time x price plus
-idle power; the replicas it holds expire after the window unless a later plan renews them.
-`critical` and `high` come first by their weights; `batch` is never prewarmed; a function whose
-author opted out (`kdrl.dev/prewarm: "false"`) is left alone. When the warm-memory budget
-binds, the highest value per byte wins. Every entry says why (probability, window, benefit,
-cost), which is what spans and the shadow mode show. Image pre-pulls go to the top-k nodes the
-active placement policy would choose for the function's next pod, where the image is missing.
+cold start it avoids x its priority's value (`batch` the least: it gets what the others leave),
+against its cost: idle memory-time at idle power, plus the node's price unless it fits free
+memory on nodes that stay up anyway. One memory budget serves all functions, spent highest
+benefit per byte first (a Lagrangian knapsack solved greedily each cycle: every function's
+memory is weighed at the price of the last one taken), capped at the operator's GiB budget and
+at a share of what the hybrid histogram would hold now. The replicas it holds expire after the
+window unless a later plan renews them; a function whose author opted out
+(`kdrl.dev/prewarm: "false"`) is left alone. Every entry says why (probability, window,
+benefit, cost, the function's idle-time class, whether it pays node-hours), which is what spans
+and the shadow mode show. Image pre-pulls go to the top-k nodes the active placement policy
+would choose for the function's next pod, where the image is missing.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from forecaster import idletimes
 from forecaster.forecasting import Forecast
 from policies import ranking
 from policies.placement import PlacementPolicy
@@ -33,7 +38,7 @@ DEFAULT_COLD_START_VALUE_PER_S: Mapping[Priority, float] = {
     Priority.HIGH: 0.004,
     Priority.NORMAL: 0.001,
     Priority.LOW: 0.0003,
-    Priority.BATCH: 0.0,
+    Priority.BATCH: 0.00005,  # the lowest value per byte: what the others leave
 }
 
 
@@ -42,8 +47,8 @@ class PlannerSettings:
     window_minutes: int = 10  # how long one plan's warm capacity lasts unless renewed (its expiry)
     # How soon an invocation must be likely for capacity to be warmed now: plans are redone every
     # minute and a pod starts in seconds, so warming earlier only idles memory.
-    lookahead_minutes: int = 2
-    min_probability: float = 0.05  # below this a function is not worth a look
+    lookahead_minutes: int = 3
+    min_probability: float = 0.01  # below this a function is not worth a look
     cold_start_value_per_s: Mapping[Priority, float] = field(
         default_factory=lambda: dict(DEFAULT_COLD_START_VALUE_PER_S)
     )
@@ -52,6 +57,15 @@ class PlannerSettings:
     memory_price_per_gib_s: float = 3.3e-6
     idle_power_price_per_gib_s: float = 4.0e-8
     prepull_nodes: int = 2  # top-k placement choices to pull an image onto
+    # Spend no more memory each cycle than this share of what the hybrid histogram would hold
+    # now (on top of the budget's own cap; None: no such cap): the published policy's memory,
+    # spent where it avoids the most cold starts. Below 1 because Knative's own idle pods (its
+    # scale-to-zero delay) come on top of what the planner holds.
+    hybrid_memory_share: float | None = 0.85
+    # A node whose requested CPU or memory share is above this stays up (the cluster
+    # autoscaler's --scale-down-utilization-threshold, 0.5 by default): a warm replica in its
+    # free memory costs idle power, not node-hours.
+    scale_down_utilization: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,8 @@ class Reason:
     window_minutes: int
     benefit_usd: float
     cost_usd: float
+    pattern: str = idletimes.Pattern.NEW.value  # the function's idle-time class
+    paid: bool = True  # charged node-hours (False: it fits memory that stays up anyway)
 
 
 @dataclass(frozen=True)
@@ -123,7 +139,7 @@ def plan(
 ) -> PrewarmPlan:
     """The plan for the next window; see the module docstring for the rules."""
     config = settings or PlannerSettings()
-    candidates: list[tuple[float, WarmEntry, FunctionState]] = []
+    candidates: list[tuple[WarmEntry, FunctionState]] = []
     skipped: list[tuple[str, str]] = []
     for function, forecast in sorted(forecasts.items()):
         state = states.get(function)
@@ -132,23 +148,30 @@ def plan(
             skipped.append((function, why_not))
             continue
         assert state is not None
-        entry = _evaluate(now_minute, forecast, state, config)
-        if entry.reason.benefit_usd <= entry.reason.cost_usd:
-            skipped.append((function, "cost exceeds benefit"))
-            continue
-        value_per_byte = (entry.reason.benefit_usd - entry.reason.cost_usd) / (
-            entry.replicas * state.memory_bytes
-        )
-        candidates.append((value_per_byte, entry, state))
+        candidates.append((_evaluate(now_minute, forecast, state, config), state))
+    # The hybrid's memory is a target (the last entry may cross it, or a lone function could
+    # never be warmed); the operator's budget is a hard cap.
+    target = float("inf")
+    if config.hybrid_memory_share is not None:
+        target = config.hybrid_memory_share * hybrid_memory(forecasts, states)
+    # Highest benefit per byte first: every function's warm memory is weighed at one price, the
+    # benefit per byte of the last one taken (a Lagrangian knapsack, solved greedily per cycle).
+    candidates.sort(
+        key=lambda c: (-c[0].reason.benefit_usd / (c[0].replicas * c[1].memory_bytes), c[1].function)
+    )
+    free = free_memory(nodes, config.scale_down_utilization)
     warm, spent = [], 0
-    for _, entry, state in sorted(candidates, key=lambda c: (-c[0], c[1].function)):
+    for entry, state in candidates:
         need = entry.replicas * state.memory_bytes
-        if spent + need > budget.warm_memory_bytes:
+        reason = _priced(entry.reason, need, paid=spent + need > free, config=config)
+        if reason.benefit_usd <= reason.cost_usd:
+            skipped.append((entry.function, "cost exceeds benefit"))
+        elif spent + need > budget.warm_memory_bytes or spent >= target:
             skipped.append((entry.function, "warm-memory budget exhausted"))
-            continue
-        spent += need
-        warm.append((entry, state))
-    pulls = _pulls([(e, s) for e, s in warm], nodes, budget, policy, config)
+        else:
+            spent += need
+            warm.append((replace(entry, reason=reason), state))
+    pulls = _pulls(warm, nodes, budget, policy, config)
     return PrewarmPlan(
         now_minute=now_minute,
         warm=tuple(e for e, _ in warm),
@@ -157,13 +180,33 @@ def plan(
     )
 
 
+def hybrid_memory(forecasts: Mapping[str, Forecast], states: Mapping[str, FunctionState]) -> int:
+    """The memory the hybrid histogram would hold loaded now: one instance of each function
+    inside its windows."""
+    return sum(
+        states[function].memory_bytes
+        for function, forecast in forecasts.items()
+        if function in states and forecast.hybrid_holds
+    )
+
+
+def free_memory(nodes: NodeTable, scale_down_utilization: float) -> int:
+    """Unrequested memory on schedulable nodes busy enough to stay up for the window."""
+    if not len(nodes):
+        return 0
+    share = np.maximum(
+        nodes.cpu_requested / np.maximum(nodes.cpu_allocatable, 1),
+        nodes.memory_requested / np.maximum(nodes.memory_allocatable, 1),
+    )
+    stays = (share > scale_down_utilization) & ~nodes.unschedulable
+    return int(np.clip(nodes.memory_allocatable - nodes.memory_requested, 0, None)[stays].sum())
+
+
 def _excluded(state: FunctionState | None, forecast: Forecast, config: PlannerSettings) -> str:
     if state is None:
         return "no state (unknown to the cluster)"
     if not state.prewarm_allowed:
         return "opted out (kdrl.dev/prewarm: false)"
-    if state.priority is Priority.BATCH:
-        return "batch functions are never prewarmed"
     if _probability(forecast, config.lookahead_minutes) < config.min_probability:
         return "unlikely to be invoked soon"
     return ""
@@ -185,14 +228,25 @@ def _evaluate(
     if state.max_scale > 0:  # Knative would not run more: holding them warm is memory for nothing
         replicas = max(min(replicas, state.max_scale), min(state.author_min_scale, state.max_scale))
     benefit = probability * state.cold_start_s * config.cold_start_value_per_s.get(state.priority, 0.0)
-    # Expected idle memory-time: the replicas sit idle until the next plan unless invoked (a
-    # conservative proxy: an invoked replica is counted as busy all that time).
-    idle_gib_s = replicas * state.memory_bytes / GiB * lookahead * 60 * (1.0 - min(probability, 1.0))
-    cost = idle_gib_s * (config.memory_price_per_gib_s + config.idle_power_price_per_gib_s)
-    reason = Reason(probability=probability, window_minutes=window, benefit_usd=benefit, cost_usd=cost)
+    reason = Reason(
+        probability=probability,
+        window_minutes=window,
+        benefit_usd=benefit,
+        cost_usd=0.0,  # priced in order (`_priced`): it depends on what fits free memory
+        pattern=forecast.pattern.value,
+    )
     return WarmEntry(
         function=state.function, replicas=replicas, expires_minute=now_minute + window, reason=reason
     )
+
+
+def _priced(reason: Reason, need_bytes: int, *, paid: bool, config: PlannerSettings) -> Reason:
+    """The expected cost of holding `need_bytes` until the next plan: they sit idle unless
+    invoked (a conservative proxy: an invoked replica counts as busy all that time), at idle
+    power, plus the node's price where they would keep a node up."""
+    idle_gib_s = need_bytes / GiB * config.lookahead_minutes * 60 * (1.0 - min(reason.probability, 1.0))
+    price = config.idle_power_price_per_gib_s + (config.memory_price_per_gib_s if paid else 0.0)
+    return replace(reason, cost_usd=idle_gib_s * price, paid=paid)
 
 
 def _pulls(
@@ -232,6 +286,8 @@ def plan_json(decided: PrewarmPlan) -> dict[str, object]:
             "window_minutes": reason.window_minutes,
             "benefit_usd": round(reason.benefit_usd, 8),
             "cost_usd": round(reason.cost_usd, 8),
+            "pattern": reason.pattern,
+            "paid": reason.paid,
         }
 
     return {

@@ -4,8 +4,8 @@ The service forecasts every minute; statsforecast takes ~0.6 s for a few hundred
 a simulated day forecasts every `ForecastSchedule.every` minutes instead (online: each block is
 forecast from the minutes before it alone, models re-chosen by backtest every few hours) and
 shared by every run on the same trace. Each minute the planner sees the latest block moved on
-to that minute (`Forecast.later`) with the idle-time answer of that very minute (and the hybrid
-histogram's windows after the latest invocation, kept online per function), the cluster's
+to that minute (`Forecast.later`) with the idle-time answer of that very minute (each function's
+idle-time counts kept online, shrunk towards their pool: `idletimes`), the cluster's
 nodes as the extender sees them, and plans exactly as `kdrl serve` does; the engine applies the
 plan as the actuators would: `min-scale` per function, and pre-pulls into its image model.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from forecaster import histogram, idletimes
+from forecaster import idletimes
 from forecaster.forecasting import BACKTEST_WINDOWS, Forecast, Forecaster
 from forecaster.history import MinuteCounts
 from policies.economics import DEFAULT_PULL_MIB_PER_S
@@ -105,48 +105,40 @@ class SimulatedPrewarm:
     policy: PlacementPolicy
     budget: Budget
     pull: bool = True
-    settings: PlannerSettings = field(default_factory=PlannerSettings)
-    _gaps: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 0)))
-    _gap_count: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # The simulator's autoscaler releases empty nodes only: any pod keeps a node up.
+    settings: PlannerSettings = field(default_factory=lambda: PlannerSettings(scale_down_utilization=0.0))
+    _idle: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, idletimes.BINS)))
     _last: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    _histograms: list[histogram.HybridHistogram] = field(default_factory=list)
-    _windows: list[tuple[float, float]] = field(default_factory=list)
 
     def plan(self, minute: int, counts: IntArray, nodes: NodeTable) -> PrewarmPlan:
         """The plan at the start of `minute`; `counts` holds every function's minutes so far."""
         names = list(self.states)
-        if minute == 0:  # a new run: every function's idle periods, one row each
-            days = len(self.schedule.blocks) * self.schedule.every
-            self._gaps = np.zeros((len(names), days))
-            self._gap_count = np.zeros(len(names), dtype=np.int64)
+        if minute == 0:  # a new run: every function's idle-time counts, one row each
+            self._idle = np.zeros((len(names), idletimes.BINS))
             self._last = np.full(len(names), -1, dtype=np.int64)
-            self._histograms = [histogram.HybridHistogram() for _ in names]
-            self._windows = [_windows(h) for h in self._histograms]
         else:
             invoked = np.flatnonzero(counts[:, minute - 1])
             seen = invoked[self._last[invoked] >= 0]
-            self._gaps[seen, self._gap_count[seen]] = minute - 1 - self._last[seen]
-            for row in seen.tolist():  # the hybrid windows after this very invocation
-                self._histograms[row].observe(self._gaps[row, self._gap_count[row]])
-                self._windows[row] = _windows(self._histograms[row])
-            self._gap_count[seen] += 1
+            lengths = np.minimum(minute - 1 - self._last[seen], idletimes.BINS - 1)
+            self._idle[seen, lengths] += 1.0
             self._last[invoked] = minute - 1
+        prior = idletimes.pooled_hazard(self._idle.sum(axis=0))
+        invoked = np.flatnonzero(self._last >= 0)
+        within = idletimes.within_after(
+            self._idle[invoked], minute - self._last[invoked], HORIZON_MINUTES, prior
+        )
+        answers = dict(zip(invoked.tolist(), within))
+        classes = idletimes.patterns(self._idle)
         age, block = self.schedule.at(minute)
-        forecasts = {}
-        for row, name in enumerate(names):
-            made = block.get(name)
-            if made is None:
-                continue
-            idle = None
-            if self._last[row] >= 0:
-                gaps = self._gaps[row, : self._gap_count[row]]
-                elapsed = minute - int(self._last[row])
-                idle = idletimes.within_after(gaps, elapsed, HORIZON_MINUTES, self._windows[row])
-            forecasts[name] = made.later(age, p_within_idle=idle)
+        forecasts = {
+            name: made.later(
+                age,
+                p_within_idle=answers.get(row),
+                pattern=classes[row],
+                elapsed_minutes=minute - int(self._last[row]) if self._last[row] >= 0 else None,
+            )
+            for row, name in enumerate(names)
+            if (made := block.get(name)) is not None
+        }
         budget = self.budget if self.pull else Budget(self.budget.warm_memory_bytes, pulls_per_minute=0)
         return plan(minute, forecasts, self.states, nodes, budget, policy=self.policy, settings=self.settings)
-
-
-def _windows(function: histogram.HybridHistogram) -> tuple[float, float]:
-    windows = function.windows()
-    return windows.prewarm_minutes, windows.keepalive_minutes

@@ -10,7 +10,7 @@ import pytest
 from forecaster.forecasting import Forecast
 from policies import heuristics
 from policies.types import Node, NodeTable, PodRequest, Priority
-from prewarm.planning import Budget, FunctionState, PlannerSettings, plan
+from prewarm.planning import Budget, FunctionState, PlannerSettings, free_memory, hybrid_memory, plan
 
 GiB = 1 << 30
 NOW = 1_000
@@ -29,6 +29,7 @@ def forecast(function: str, *, probability: float, per_minute: float = 0.1) -> F
         keepalive_minutes=10.0,
         model="TSB",
         relative_mae=None,
+        elapsed_minutes=1,  # invoked the minute before: inside the hybrid's keep-alive window
     )
 
 
@@ -69,6 +70,7 @@ PLENTY = Budget(warm_memory_bytes=100 * GiB, pulls_per_minute=10)
 
 
 def run(forecasts: list[Forecast], states: list[FunctionState], budget: Budget = PLENTY, **settings: object):  # type: ignore[no-untyped-def]
+    settings.setdefault("hybrid_memory_share", None)  # the hybrid's memory cap has its own test
     return plan(
         NOW,
         {f.function: f for f in forecasts},
@@ -88,21 +90,24 @@ def test_likely_invocations_get_a_warm_replica_until_the_window_ends() -> None:
     assert entry.reason.benefit_usd > entry.reason.cost_usd
 
 
-@pytest.mark.parametrize(
-    ("the_state", "why"),
-    [
-        (state("ns/a", Priority.BATCH), "batch functions are never prewarmed"),
-        (state("ns/a", prewarm_allowed=False), "opted out"),
-    ],
-)
-def test_batch_and_opted_out_functions_are_left_alone(the_state: FunctionState, why: str) -> None:
-    result = run([forecast("ns/a", probability=0.99)], [the_state])
-    assert result.warm == () and result.skipped[0][1].startswith(why)
+def test_opted_out_functions_are_left_alone() -> None:
+    result = run([forecast("ns/a", probability=0.99)], [state("ns/a", prewarm_allowed=False)])
+    assert result.warm == () and result.skipped[0][1].startswith("opted out")
+
+
+def test_batch_gets_what_the_others_leave() -> None:
+    forecasts = [forecast("ns/batch", probability=0.9), forecast("ns/normal", probability=0.9)]
+    states = [state("ns/batch", Priority.BATCH), state("ns/normal")]
+    roomy = run(forecasts, states, hybrid_memory_share=None)
+    assert {w.function for w in roomy.warm} == {"ns/batch", "ns/normal"}
+    tight = run(forecasts, states, budget=Budget(warm_memory_bytes=GiB // 2, pulls_per_minute=0))
+    assert [w.function for w in tight.warm] == ["ns/normal"]
+    assert ("ns/batch", "warm-memory budget exhausted") in tight.skipped
 
 
 def test_unknown_and_unlikely_functions_are_skipped_with_a_reason() -> None:
     result = run(
-        [forecast("ns/ghost", probability=0.9), forecast("ns/quiet", probability=0.01)], [state("ns/quiet")]
+        [forecast("ns/ghost", probability=0.9), forecast("ns/quiet", probability=0.001)], [state("ns/quiet")]
     )
     assert dict(result.skipped) == {
         "ns/ghost": "no state (unknown to the cluster)",
@@ -115,6 +120,7 @@ def test_priority_decides_when_benefit_is_marginal() -> None:
     result = run(
         [forecast("ns/crit", probability=0.3), forecast("ns/low", probability=0.3)],
         [state("ns/crit", Priority.CRITICAL, **big), state("ns/low", Priority.LOW, **big)],
+        scale_down_utilization=1.0,  # no node stays up regardless: every replica pays node-hours
     )
     assert [w.function for w in result.warm] == ["ns/crit"]
     assert ("ns/low", "cost exceeds benefit") in result.skipped
@@ -172,3 +178,49 @@ def test_pulls_respect_the_rate_limit() -> None:
         prepull_nodes=3,
     )
     assert len(result.pulls) == 2
+
+
+def test_the_knapsack_takes_the_most_benefit_per_byte_under_the_cap() -> None:
+    # Benefit per byte: a 0.9/0.5 GiB, b 0.6/0.5 GiB, c 0.9/2 GiB; 1 GiB of budget: a and b (the
+    # optimum, 1.5 of benefit), not a and c (which would not fit) nor c alone (0.9).
+    forecasts = [forecast(f"ns/{n}", probability=p) for n, p in (("a", 0.9), ("b", 0.6), ("c", 0.9))]
+    states = [state("ns/a"), state("ns/b"), state("ns/c", memory_bytes=2 * GiB)]
+    result = run(forecasts, states, budget=Budget(warm_memory_bytes=GiB, pulls_per_minute=0))
+    assert {w.function for w in result.warm} == {"ns/a", "ns/b"}
+    assert ("ns/c", "warm-memory budget exhausted") in result.skipped
+
+
+def test_no_more_memory_than_the_hybrid_histogram_would_hold() -> None:
+    held = forecast("ns/held", probability=0.5)  # inside its keep-alive window
+    gone = dataclasses.replace(forecast("ns/gone", probability=0.9), elapsed_minutes=30)  # past it
+    states = [state("ns/held"), state("ns/gone")]
+    assert hybrid_memory({"ns/held": held, "ns/gone": gone}, {s.function: s for s in states}) == GiB // 2
+    result = run([held, gone], states, hybrid_memory_share=1.0)
+    # The hybrid would hold ns/held only; the planner spends that memory on the likelier ns/gone.
+    assert [w.function for w in result.warm] == ["ns/gone"]
+    assert ("ns/held", "warm-memory budget exhausted") in result.skipped
+
+
+def test_free_memory_on_nodes_that_stay_up_costs_only_power() -> None:
+    nodes = NodeTable.from_nodes(
+        [
+            Node(name="busy", cpu_allocatable=4000, memory_allocatable=8 * GiB, memory_requested=6 * GiB),
+            Node(name="idle", cpu_allocatable=4000, memory_allocatable=8 * GiB, memory_requested=GiB),
+        ]
+    )
+    assert free_memory(nodes, scale_down_utilization=0.5) == 2 * GiB  # only `busy` stays up
+    assert free_memory(nodes, scale_down_utilization=0.0) == 9 * GiB  # the simulator's rule: any pod
+    forecasts = [forecast(f"ns/f{i}", probability=0.9 - i / 100) for i in range(5)]
+    result = plan(
+        NOW,
+        {f.function: f for f in forecasts},
+        {f"ns/f{i}": state(f"ns/f{i}") for i in range(5)},
+        nodes,
+        PLENTY,
+        policy=heuristics.kube_default(),
+        settings=PlannerSettings(hybrid_memory_share=None),
+    )
+    # Four half-GiB replicas fit the 2 GiB that stays up; the fifth would keep `idle` alive.
+    assert [w.reason.paid for w in result.warm] == [False, False, False, False, True]
+    unpaid, paid = result.warm[3].reason, result.warm[4].reason
+    assert paid.cost_usd > 10 * unpaid.cost_usd

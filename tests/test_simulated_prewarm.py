@@ -63,9 +63,10 @@ def run(policy: str, *, pull: bool = True) -> engine.RunResult:
 def test_the_planner_keeps_a_periodic_function_warm_where_knative_scales_it_to_zero() -> None:
     knative, planned = run("knative"), run("prewarm")
     assert knative.cold_starts[0] == 5  # every invocation starts from zero
-    # Before any invocation the model's rate (P(within 2 min) = 0.15) is worth a warm pod; after
-    # it the hybrid verdict (few idle times yet), then the function's own 12-minute period.
-    assert planned.cold_starts[0] == 0
+    # Memory is capped at what the hybrid histogram would hold: nothing before the first
+    # invocation, so the first ones start cold; then the pool and the function's own 12-minute
+    # period keep it warm.
+    assert 0 < planned.cold_starts[0] <= 2
     assert planned.wasted_mb_s[0] > knative.wasted_mb_s[0]  # warmth is not free
 
 
