@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from bench.simulator import SHARED_TRACE, trace_or_skip
-from forecaster import forecasting, histogram, idletimes
-from forecaster.history import MinuteCounts
+from forecaster import forecasting, histogram
+from forecaster.history import MinuteCounts, idle_minutes
 from simulator import traces
 
 TRAIN, DAY, STEP, HORIZON = 720, 1440, 30, 30
@@ -213,20 +213,19 @@ def _hybrid_windows(
 
 
 def _idle_answers(counts: np.ndarray, order: np.ndarray, cutoffs: np.ndarray, horizon: int) -> np.ndarray:
-    """Per (function, cutoff): `idletimes.within_after` from the idle periods seen by the cutoff,
-    shrunk towards the pool of every function's periods seen by then (as the service pools its
-    histories); NaN where the function has not been invoked yet."""
+    """Per (function, cutoff): the idle-time answer exactly as the forecaster serves it
+    (`forecasting.idle_answers` over every function's last fit window up to the cutoff, pooled
+    across them); NaN where the function has not been invoked in that window."""
     out = np.full((len(order), horizon), np.nan)
-    invoked = [np.flatnonzero(row) for row in counts]
+    fit = forecasting.TRAINING_MINUTES
     for cutoff in np.unique(cutoffs):
-        seen = [m[m <= cutoff] for m in invoked]
-        own = np.stack([idletimes.counts(np.diff(m).astype(np.float64)) for m in seen])
-        prior = idletimes.pooled_hazard(own.sum(axis=0))
-        rows = np.flatnonzero((cutoffs == cutoff) & np.array([seen[i].size > 0 for i in order], dtype=bool))
-        if rows.size:
-            functions = order[rows]
-            elapsed = np.array([cutoff + 1 - seen[i][-1] for i in functions], dtype=np.int64)
-            out[rows] = idletimes.within_after(own[functions], elapsed, horizon, prior)
+        histories = {str(i): counts[i, max(0, cutoff + 1 - fit) : cutoff + 1] for i in range(len(counts))}
+        gaps = {i: idle_minutes(series) for i, series in histories.items()}
+        answers = forecasting.idle_answers(histories, gaps, horizon)
+        for row in np.flatnonzero(cutoffs == cutoff):
+            within = answers[str(order[row])][0]
+            if within is not None:
+                out[row] = within
     return out
 
 

@@ -226,8 +226,9 @@ class Forecaster:
     def forecast(self, end_minute: int, horizon: int = 30) -> dict[str, Forecast]:
         """Forecasts for minutes [end_minute, end_minute + horizon) of every function."""
         histories = self.histories(end_minute)
-        windows = _hybrid_windows(histories)
-        idle = _idle_answers(histories, horizon)
+        gaps = {function: idle_minutes(series) for function, series in histories.items()}
+        windows = _hybrid_windows(gaps)
+        idle = idle_answers(histories, gaps, horizon)
         out: dict[str, Forecast] = {}
         for kind, functions in self.classes(end_minute, histories).items():
             plans = {function: self.choice.models(function, kind) for function in functions}
@@ -276,14 +277,14 @@ class Forecaster:
         )
 
 
-def _hybrid_windows(histories: Mapping[str, npt.NDArray[np.int64]]) -> dict[str, tuple[float, float]]:
+def _hybrid_windows(gaps: Mapping[str, FloatArray]) -> dict[str, tuple[float, float]]:
     """Each function's hybrid histogram (pre-warm, keep-alive) after its observed idle times,
     for all functions in one batch: each sequence ends with a period not yet observed, whose
     windows are the ones in force now (the policy is online)."""
-    functions = list(histories)
-    gaps = [np.append(idle_minutes(histories[f]), 0.0) for f in functions]
-    offsets = np.concatenate(([0], np.cumsum([len(g) for g in gaps]))).astype(np.int64)
-    flat = np.concatenate(gaps) if gaps else np.zeros(0)
+    functions = list(gaps)
+    sequences = [np.append(gaps[f], 0.0) for f in functions]
+    offsets = np.concatenate(([0], np.cumsum([len(g) for g in sequences]))).astype(np.int64)
+    flat = np.concatenate(sequences) if sequences else np.zeros(0)
     prewarm, keepalive = histogram.batch_windows(flat, offsets)
     return {
         f: (float(prewarm[offsets[i + 1] - 1]), float(keepalive[offsets[i + 1] - 1]))
@@ -291,8 +292,8 @@ def _hybrid_windows(histories: Mapping[str, npt.NDArray[np.int64]]) -> dict[str,
     }
 
 
-def _idle_answers(
-    histories: Mapping[str, npt.NDArray[np.int64]], horizon: int
+def idle_answers(
+    histories: Mapping[str, npt.NDArray[np.int64]], gaps: Mapping[str, FloatArray], horizon: int
 ) -> dict[str, tuple[FloatArray | None, idletimes.Pattern, int | None]]:
     """Each function's `idletimes` answer for the minutes after its series, its class and its
     idle minutes (None before its first invocation), all at once, shrunk towards the pool of
@@ -300,7 +301,7 @@ def _idle_answers(
     functions = list(histories)
     if not functions:
         return {}
-    own = np.stack([idletimes.counts(idle_minutes(histories[f])) for f in functions])
+    own = np.stack([idletimes.counts(gaps[f]) for f in functions])
     prior = idletimes.pooled_hazard(own.sum(axis=0))
     last = np.array([_last_invoked(histories[f]) for f in functions], dtype=np.int64)
     elapsed = np.array([len(histories[f]) for f in functions], dtype=np.int64) - last
