@@ -9,6 +9,7 @@ latency and calls per second.
     python -m bench.extender                 # the table
     python -m bench.extender --json          # the same as JSON
     python -m bench.extender --nodes 500 --verb prioritize --seconds 5
+    python -m bench.extender --metrics-cost  # metrics on against off, paired, one table
 
 Targets on a 2-core machine: >= 1,000 prioritize calls/s at 500 nodes, p99 <= 5 ms at
 1,000 nodes, p99 <= 20 ms at 5,000 nodes.
@@ -26,8 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -111,13 +114,19 @@ def _serve(
 
 
 def start_server(
-    directory: Path, n_nodes: int, policy: str = "kube-default"
+    directory: Path, n_nodes: int, policy: str = "kube-default", *, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
     nodes, pods = synthetic.cluster(n_nodes, seed=n_nodes)
     (directory / "nodes.json").write_text(json.dumps(synthetic.as_list("Node", nodes)))
     (directory / "pods.json").write_text(json.dumps(synthetic.as_list("Pod", pods)))
     server, port, _ = serve_offline(
-        directory / "nodes.json", directory / "pods.json", "--log-level", "WARNING", "--policy", policy
+        directory / "nodes.json",
+        directory / "pods.json",
+        "--log-level",
+        "WARNING",
+        "--policy",
+        policy,
+        env=env,
     )
     return server, port
 
@@ -251,6 +260,77 @@ def run(
     return rows
 
 
+SETTLE_S = 15.0
+
+
+@dataclass(frozen=True)
+class MetricsCost:
+    verb: str
+    nodes: int
+    rounds: int
+    p50_on_ms: float
+    p50_off_ms: float
+    ratio: float  # mean latency, metrics on / off: the median over paired rounds
+    ratio_low: float  # a 95 % bootstrap interval of that median
+    ratio_high: float
+    verdict: str
+
+
+def metrics_cost(
+    node_counts: tuple[int, ...], verbs: tuple[str, ...], seconds: float, rounds: int, seed: int = 0
+) -> list[MetricsCost]:
+    """The extender with metrics on (`KDRL_METRICS=true`) against off, paired: both servers
+    run side by side and are measured in alternating short rounds (on, off, off, on, ...), so
+    machine noise hits both alike; the ratio is of each round pair's mean latency."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n_nodes in node_counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            on_dir, off_dir = Path(tmp) / "on", Path(tmp) / "off"
+            on_dir.mkdir()
+            off_dir.mkdir()
+            servers = {
+                "on": start_server(on_dir, n_nodes, env={"KDRL_METRICS": "true"}),
+                "off": start_server(off_dir, n_nodes, env={"KDRL_METRICS": "false"}),
+            }
+            try:
+                payloads = bodies(n_nodes, 64, full_nodes=None)
+                time.sleep(SETTLE_S)  # each server's first forecast cycle (numba) must not land in a round
+                for verb in verbs:
+                    for _, port in servers.values():
+                        measure(port, verb, payloads, 1.0)  # warm both alike
+                    ratios: list[float] = []
+                    latencies: dict[str, list[float]] = {"on": [], "off": []}
+                    for i in range(rounds):
+                        means = {}
+                        for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
+                            measured = measure(servers[mode][1], verb, payloads, seconds / rounds)
+                            latencies[mode].extend(measured)
+                            means[mode] = float(np.mean(measured))
+                        ratios.append(means["on"] / means["off"])
+                    medians = [float(np.median(rng.choice(ratios, len(ratios)))) for _ in range(2000)]
+                    low, high = np.percentile(medians, [2.5, 97.5])
+                    ratio = float(np.median(ratios))
+                    out.append(
+                        MetricsCost(
+                            verb=verb,
+                            nodes=n_nodes,
+                            rounds=rounds,
+                            p50_on_ms=round(float(np.percentile(latencies["on"], 50)) * 1000, 3),
+                            p50_off_ms=round(float(np.percentile(latencies["off"], 50)) * 1000, 3),
+                            ratio=round(ratio, 4),
+                            ratio_low=round(float(low), 4),
+                            ratio_high=round(float(high), 4),
+                            verdict="within 5 %: met" if ratio <= 1.05 else "within 5 %: MISSED",
+                        )
+                    )
+            finally:
+                for server, _ in servers.values():
+                    server.terminate()
+                    server.wait(timeout=10)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, action="append", help="node counts (default: 100 500 1000 5000)")
@@ -260,8 +340,23 @@ def main() -> None:
         "--full-nodes", action="store_true", help="send full Node objects (nodeCacheCapable: false)"
     )
     parser.add_argument("--policy", default="kube-default", help="placement policy the server runs")
+    parser.add_argument(
+        "--metrics-cost",
+        action="store_true",
+        help="compare metrics on and off, paired (default sizes 500 and 1000 nodes, 24 rounds)",
+    )
+    parser.add_argument("--rounds", type=int, default=24, help="paired rounds for --metrics-cost")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.metrics_cost:
+        costs = metrics_cost(
+            tuple(args.nodes or (500, 1000)), tuple(args.verb or VERBS), args.seconds * 4, args.rounds
+        )
+        header = (
+            f"{'verb':<11} {'nodes':>6} {'rounds':>6} {'p50 on':>8} {'p50 off':>8} {'on/off (95% CI)':>22}"
+        )
+        show(costs, args.json, header, _cost_line)
+        return
     rows = run(
         tuple(args.nodes or NODE_COUNTS),
         tuple(args.verb or VERBS),
@@ -269,18 +364,33 @@ def main() -> None:
         args.full_nodes,
         args.policy,
     )
-    if args.json:
-        print(json.dumps([asdict(r) for r in rows], indent=2))
+    header = f"{'verb':<11} {'nodes':>6} {'mode':<9} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'calls/s':>9}"
+    show(rows, args.json, header, _row_line)
+
+
+def show(items: Sequence[Any], as_json: bool, header: str, line: Callable[[Any], str]) -> None:
+    """Dataclass rows as JSON, or as a table: `header` and one `line` each, then the target."""
+    if as_json:
+        print(json.dumps([asdict(item) for item in items], indent=2))
         return
-    print(
-        f"{'verb':<11} {'nodes':>6} {'mode':<9} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'calls/s':>9}  target"
+    print(f"{header}  target")
+    for item in items:
+        print(line(item))
+
+
+def _row_line(r: Row) -> str:
+    return (
+        f"{r.verb:<11} {r.nodes:>6} {r.mode:<9} {r.calls:>6} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+        f"{r.calls_per_s:>9.0f}  {r.target}"
     )
-    for r in rows:
-        print(
-            f"{r.verb:<11} {r.nodes:>6} {r.mode:<9} {r.calls:>6} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
-            f"{r.calls_per_s:>9.0f}  {r.target}"
-        )
+
+
+def _cost_line(c: MetricsCost) -> str:
+    interval = f"{c.ratio:.3f} [{c.ratio_low:.3f}, {c.ratio_high:.3f}]"
+    return (
+        f"{c.verb:<11} {c.nodes:>6} {c.rounds:>6} {c.p50_on_ms:>8.2f} {c.p50_off_ms:>8.2f} "
+        f"{interval:>22}  {c.verdict}"
+    )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,17 @@ class PodChange:
     created: float
     ready: float | None = None
     deleted: float | None = None
+    scheduled: float | None = None  # bound to a node (PodScheduled); not stored, only observed
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStart:
+    """One pod's way to Ready, observed once: in total and, when the events told, its parts."""
+
+    function: str
+    seconds: float  # creation to Ready
+    scheduling_s: float | None  # creation to bound
+    startup_s: float | None  # bound to Ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +91,9 @@ class Lifecycle:
         self.routes: dict[str, str] = {}
         self.cold_starts_s: dict[str, list[float]] = {}
 
-    def apply(self, effect: Effect) -> None:
+    def apply(self, effect: Effect) -> list[ColdStart]:
+        """Take in what an event changed; returns the cold starts it completed."""
+        completed: list[ColdStart] = []
         for change in effect.pods:
             known = self.pods.get(change.uid)
             merged = (
@@ -93,11 +106,13 @@ class Lifecycle:
                     created=min(known.created, change.created),
                     ready=known.ready if known.ready is not None else change.ready,
                     deleted=known.deleted if known.deleted is not None else change.deleted,
+                    scheduled=known.scheduled if known.scheduled is not None else change.scheduled,
                 )
             )
             if merged.ready is not None and (known is None or known.ready is None):
+                completed.append(_cold_start(merged, merged.ready))
                 observed = self.cold_starts_s.setdefault(merged.function, [])
-                observed.append(max(merged.ready - merged.created, 0.0))
+                observed.append(completed[-1].seconds)
                 del observed[: -self.RECENT]
             if merged.deleted is not None:
                 self.pods.pop(change.uid, None)
@@ -108,9 +123,20 @@ class Lifecycle:
                 self.routes.pop(route.function, None)
             else:
                 self.routes[route.function] = route.revision
+        return completed
 
     def running(self, function: str) -> int:
         return sum(1 for p in self.pods.values() if p.function == function)
+
+
+def _cold_start(pod: PodChange, ready: float) -> ColdStart:
+    scheduled = pod.scheduled if pod.scheduled is not None and pod.created <= pod.scheduled <= ready else None
+    return ColdStart(
+        function=pod.function,
+        seconds=max(ready - pod.created, 0.0),
+        scheduling_s=None if scheduled is None else scheduled - pod.created,
+        startup_s=None if scheduled is None else ready - scheduled,
+    )
 
 
 class MinuteCounts:

@@ -1,8 +1,10 @@
 """The aiohttp application: one factory, typed state in `keys`, lifetimes in `cleanup_ctx`.
 
 Routes: the extender verbs under `/scheduler`, `/healthz` (the process answers) and
-`/readyz` (the cluster cache has synced once; its detail says how stale it is). Handlers
-are thin: parse, delegate, answer. Errors are mapped to HTTP once, in `_errors`.
+`/readyz` (the cluster cache has synced once; its detail says how stale it is), `/metrics`,
+the CloudEvents sink, read-only `/debug/*` JSON and the decision explorer at `/ui` (static
+files that read those JSON endpoints). Handlers are thin: parse, delegate, answer. Errors are
+mapped to HTTP once, in `_errors`; every request's duration is measured once, in `_measured`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import prometheus_client
@@ -23,9 +26,10 @@ from kubernetes.aio.client import ApiClient
 from forecaster import history
 from forecaster.forecasting import Forecaster
 from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
-from plugin import events, informer, kube, objectfiles, webhook, wire
+from plugin import events, informer, kube, metrics, objectfiles, webhook, wire
 from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
+from plugin.decisions import RECENT, DecisionLog
 from plugin.emitter import Emitter
 from plugin.errors import BadRequest
 from plugin.events import EventSink
@@ -44,13 +48,15 @@ from prewarm.planning import Budget, PlannerSettings, plan_json
 logger = logging.getLogger(__name__)
 
 EXTENDER_PREFIX = "/scheduler"  # the urlPrefix path of protocols.md §1.4
+UI_FILES = Path(__file__).resolve().parent / "ui"
+SAMPLE_EVERY_S = 10.0  # state gauges for push exporters (a scrape samples them itself)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web.Application:
     """The service. Offline when `settings.kube.nodes_file` is set; else it watches `api`
     (or a client made from the settings), which it closes on cleanup."""
-    app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=[_errors])
+    app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=[_measured, _errors])
     binder: Binder
     if settings.offline:
         assert settings.kube.nodes_file is not None
@@ -77,7 +83,8 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     )
     app[SETTINGS] = settings
     app[CACHE] = cache
-    app[EXTENDER] = Extender(cache=cache, policy=loaded, binder=binder)
+    app[EXTENDER] = Extender(cache=cache, policy=loaded, binder=binder, decisions=DecisionLog())
+    metrics.start_counters(loaded.policy.name)
     app[EVENTS] = sink = _event_sink(settings)
     app[FORECASTS] = ForecastLoop(forecaster=Forecaster(sink.counts), clock=time.time)
     # Cleanups run in reverse: the API client and the history close after their users stop.
@@ -85,6 +92,7 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     app.cleanup_ctx.append(_background(sink.run, "event-commits", then=sink.close))
     app.cleanup_ctx.append(_background(app[FORECASTS].run, "forecasts"))
     app.cleanup_ctx.append(_background(partial(events.compact_forever, sink), "history-compaction"))
+    app.cleanup_ctx.append(_background(partial(_sample_forever, app), "metrics-sampling"))
     if api is not None:
         follow_triggers = partial(informer.follow, kube.triggers(api), sink.triggers, watch)
         app.cleanup_ctx.append(_background(follow_triggers, "triggers"))
@@ -104,6 +112,9 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
             web.get("/debug/functions", _functions),
             web.get("/debug/prewarm", _prewarm_plan),
             web.get("/debug/functions/{namespace}/{service}", _function),
+            web.get("/debug/decisions", _decisions),
+            web.get("/ui", _ui),
+            web.static("/ui/static", UI_FILES),
         ]
     )
     return app
@@ -141,6 +152,7 @@ def _prewarming(app: web.Application, api: ApiClient, settings: Settings, watch:
         ),
         emitter=Emitter(config.sink) if config.sink else None,
         forecast_context=lambda: forecasts.context,
+        invoked=lambda function, minute: _invoked_since(sink, function, minute),
     )
 
     async def plan_forever() -> None:
@@ -161,6 +173,12 @@ def _prewarming(app: web.Application, api: ApiClient, settings: Settings, watch:
     app.cleanup_ctx.append(_background(elector.run, "leader-election", then=elector.release))
     keep = config.keep_on_shutdown
     app.cleanup_ctx.append(_background(plan_forever, "prewarm", then=partial(loop.shutdown, keep=keep)))
+
+
+def _invoked_since(sink: EventSink, function: str, minute: int) -> bool:
+    """Whether `function` has invocations recorded from `minute` on (within the last two days)."""
+    end = int(sink.clock() // 60) + 1
+    return bool(sink.counts.series(function, end, min(max(end - minute, 1), 2 * 24 * 60)).any())
 
 
 def _event_sink(settings: Settings) -> EventSink:
@@ -212,13 +230,14 @@ async def _mutate_pods(request: web.Request) -> web.Response:
 async def _prewarm_plan(request: web.Request) -> web.Response:
     """The latest prewarm plan with its reasons (the shadow mode's record)."""
     loop = request.app.get(PREWARM)
-    if loop is None:
+    if loop is None:  # an answer, not an error: the explorer shows it as the state it is
         return web.json_response(
-            {"Error": "prewarming is off (offline mode or KDRL_PREWARM=false)"}, status=404
+            {"enabled": False, "why": "prewarming is off (offline mode or KDRL_PREWARM=false)"}
         )
     latest = loop.latest
     return web.json_response(
         {
+            "enabled": True,
             "shadow": loop.actuator.shadow,
             "leader": loop.leading(),
             "warmed": sorted(loop.warmed),
@@ -308,8 +327,46 @@ def _timed(response: web.Response, started: float, **ends: float) -> web.Respons
     return response
 
 
+async def _decisions(request: web.Request) -> web.Response:
+    """The latest placement decisions, newest first (`?limit=`, default 50, at most RECENT)."""
+    raw = request.query.get("limit", "50")
+    if not raw.isdigit():
+        raise BadRequest(f"limit={raw!r} is not a non-negative integer")
+    extender = request.app[EXTENDER]
+    recent = extender.decisions.recent(min(int(raw[:6]), RECENT))
+    return web.json_response(
+        {
+            "policy": extender.loaded.describe(),
+            "decisions": [decision.as_json(extender.policy) for decision in recent],
+        }
+    )
+
+
+async def _ui(request: web.Request) -> web.FileResponse:
+    """The decision explorer: one static page reading the `/debug/*` endpoints."""
+    return web.FileResponse(UI_FILES / "index.html")
+
+
+def _sample(app: web.Application) -> None:
+    """Set the gauges of current state: the cluster cache, the policy, the event queue."""
+    cache = app[CACHE]
+    snapshot = cache.snapshot
+    metrics.cache_age.set(snapshot.age(cache.clock()))
+    metrics.cache_nodes.set(len(snapshot.nodes))
+    loaded = app[EXTENDER].loaded
+    metrics.policy_fallback.set(1 if loaded.degraded else 0, {"kdrl.policy": app[SETTINGS].policy.name})
+    metrics.events_queue.set(app[EVENTS].pending)
+
+
+async def _sample_forever(app: web.Application) -> None:
+    while True:
+        _sample(app)
+        await asyncio.sleep(SAMPLE_EVERY_S)
+
+
 async def _metrics(request: web.Request) -> web.Response:
     """Prometheus text format, from the OpenTelemetry Prometheus reader set up by `serve`."""
+    _sample(request.app)
     return web.Response(
         body=prometheus_client.generate_latest(),
         headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST},
@@ -333,6 +390,35 @@ async def _readyz(request: web.Request) -> web.Response:
     if detail["degraded"]:
         detail["status"] = "degraded"  # still ready: the fallback policy serves
     return web.json_response(detail, status=200 if snapshot.synced else 503)
+
+
+@web.middleware
+async def _measured(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """`http.server.request.duration` of every request, by method, route template and status;
+    extender routes also by policy."""
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as error:
+        status = error.status
+        raise
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        attributes: dict[str, str | int] = {
+            "http.request.method": request.method if request.method in _METHODS else "_OTHER",
+            "http.route": route,
+            "http.response.status_code": status,
+        }
+        if route.startswith(EXTENDER_PREFIX):
+            attributes["kdrl.policy"] = request.app[EXTENDER].policy.name
+        metrics.soon(metrics.http_duration.record, time.perf_counter() - started, attributes)
+
+
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
 @web.middleware

@@ -30,7 +30,7 @@ from plugin import app, cleanup, convert, kube, learning_cli, logs, objectfiles,
 from plugin.cluster import ClusterCache
 from plugin.errors import KdrlError, SettingsError
 from policies import ranking, registry
-from simulator import clusterspec, compare, plots, traces
+from simulator import clusterspec, compare, htmlreport, plots, report, traces
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("out/simulate"), help="folder for report.json and plots"
     )
     simulate.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    simulate.add_argument(
+        "--html", action="store_true", help="also write report.html: the table and plots in one page"
+    )
     simulate.set_defaults(run=_simulate)
     learning_cli.add_commands(commands)
 
@@ -135,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
     """Serve the kube-scheduler extender (and health endpoints) until interrupted."""
     config = settings.load(vars(args), os.environ)
     logs.setup(level=config.log.level, fmt=config.log.format)
-    provider = telemetry.setup(os.environ)
+    provider = telemetry.setup(os.environ, with_metrics=config.server.metrics)
     loop = _event_loop()
     try:
         loop.run_until_complete(_serve_until_stopped(config))
@@ -179,7 +182,8 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    """Run placement x keep-alive policies over a trace; write report.json and plots."""
+    """Run placement x keep-alive policies over a trace; write report.json and plots (and, with
+    --html, report.html: the same in one self-contained page)."""
     options = compare.Options(
         trace=args.trace,
         population=args.population,
@@ -211,7 +215,9 @@ def _simulate(args: argparse.Namespace) -> int:
     timings = result.pop("timings")  # wall-clock: kept out of the deterministic report
     (args.out / "report.json").write_text(json.dumps(result, sort_keys=True, indent=1) + "\n")
     (args.out / "timings.json").write_text(json.dumps(timings, sort_keys=True, indent=1) + "\n")
-    plots.write_all(result, args.out)
+    plotted = plots.write_all(result, args.out)
+    if args.html:
+        (args.out / "report.html").write_text(htmlreport.render(result, timings, plotted))
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -226,26 +232,12 @@ def _print_simulation(result: dict[str, Any], out: Path, console: Console) -> No
         title=f"kdrl simulate: {result['functions']} functions, {invocations:,} invocations, "
         f"{result['config']['mode']} mode"
     )
-    columns = [
-        ("placement", "placement"),
-        ("keep-alive", "keepalive"),
-        ("cold starts", "cold_starts"),
-        ("p75 cold %", "cold_start_pct_p75"),
-        ("cold % (w) mean/p50/p75/p90", "cold_start_pct"),
-        ("wasted mem", "wasted_memory_norm"),
-        ("cold p50 s", "cold_start_latency_p50_s"),
-        ("cold p99 s", "cold_start_latency_p99_s"),
-        ("capacity wait p99 s", "capacity_wait_p99_s"),
-        ("timeouts", "timed_out_requests"),
-        ("CPU alloc", "cpu_alloc_utilization"),
-        ("cost $", "cost_usd"),
-        ("energy kWh", "energy_kwh"),
-    ]
+    columns = report.TABLE_COLUMNS
     shown = [c for c in columns if any(c[1] in r for r in result["results"])]
     for title, _ in shown:
         table.add_column(title, justify="right" if title not in ("placement", "keep-alive") else "left")
     for entry in result["results"]:
-        table.add_row(*(_cell(entry.get(key)) for _, key in shown))
+        table.add_row(*(report.cell(entry.get(key)) for _, key in shown))
     console.print(table)
     plotted = "pareto.png, cold_start_cdf.png" + (", timeline.png" if any(result["series"].values()) else "")
     console.print(f"report and plots in {out}/ (report.json, timings.json, {plotted})")
@@ -256,16 +248,6 @@ def _print_timings(timings: dict[str, Any], console: Console) -> None:
     if rows:
         parts = [f"{label} {t['p50']:.0f}/{t['p99']:.0f}" for label, t in rows]
         console.print("policy decision time p50/p99 (us): " + "; ".join(parts))
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, dict) and "weighted" in value:  # the cold-start % views
-        return "/".join(_cell(value["weighted"][q]) for q in ("mean", "p50", "p75", "p90"))
-    if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _score(args: argparse.Namespace) -> int:

@@ -30,25 +30,17 @@ from aiohttp import web
 from cloudevents.core.base import BaseCloudEvent
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from cloudevents.core.exceptions import BaseCloudEventException
-from opentelemetry import context, metrics, trace
+from opentelemetry import context, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from forecaster.history import Count, Effect, HistoryStore, Lifecycle, MinuteCounts
-from plugin import lifecycle
+from forecaster.history import ColdStart, Count, Effect, HistoryStore, Lifecycle, MinuteCounts
+from plugin import lifecycle, metrics
 from plugin.errors import BadRequest
 from plugin.triggers import TriggerIndex, attributes_of
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 tracer = trace.get_tracer(__name__)
-meter = metrics.get_meter(__name__)
-received = meter.create_counter("kdrl.events.received", description="CloudEvents handled, by type")
-unknown = meter.create_counter(
-    "kdrl.events.unknown", description="CloudEvents acknowledged that invoke nothing known, by type"
-)
-duplicates = meter.create_counter(
-    "kdrl.events.duplicates", description="Redelivered CloudEvents not counted again"
-)
 
 INVOCATIONS = "dev.kdrl.invocations.v1"
 BATCH_CONTENT_TYPE = "application/cloudevents-batch"
@@ -128,8 +120,26 @@ class EventSink:
                     if new:
                         for c in effect.counts:
                             self.counts.add(c.function, c.minute, c.count)
-                        self.lifecycle.apply(effect)
+                        for cold_start in self.lifecycle.apply(effect):
+                            _record(cold_start)
                 pending.done.set_result(mine)
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for their commit."""
+        return len(self._queue)
+
+
+def _record(cold_start: ColdStart) -> None:
+    """An observed cold start into the histograms, by namespace and service (bounded)."""
+    namespace, _, service = cold_start.function.partition("/")
+    if metrics.services(cold_start.function) == metrics.OTHER:
+        namespace = service = metrics.OTHER
+    attributes = {"k8s.namespace.name": namespace, "kdrl.service": service}
+    metrics.cold_start.record(cold_start.seconds, attributes)
+    if cold_start.scheduling_s is not None and cold_start.startup_s is not None:
+        metrics.cold_start_scheduling.record(cold_start.scheduling_s, attributes)
+        metrics.cold_start_startup.record(cold_start.startup_s, attributes)
 
 
 async def compact_forever(sink: EventSink, *, every_s: float = 3600.0) -> None:
@@ -210,20 +220,30 @@ async def receive(request: web.Request, sink: EventSink, *, max_body: int) -> we
     """The handler: parse, interpret, commit, answer (202 with an empty body)."""
     body = await _read_at_most(request, max_body)
     if body is None:
+        metrics.events_rejected.add(1, {"http.response.status_code": 413})
         return web.json_response({"Error": f"event body larger than {max_body} bytes"}, status=413)
+    try:
+        return await _receive(request, body, sink)
+    except BadRequest:
+        metrics.events_rejected.add(1, {"http.response.status_code": 400})
+        raise
+
+
+async def _receive(request: web.Request, body: bytes, sink: EventSink) -> web.Response:
     events = parse(request.headers, body)
     now = datetime.fromtimestamp(sink.clock(), tz=UTC)
     via = Delivery(namespace=request.query.get("namespace"), broker=request.query.get("broker"))
     batches: list[tuple[tuple[str, str] | None, Effect]] = []
     for event in events:
-        received.add(1, {"type": event.get_type()})
+        metrics.events_received.add(1, {"cloudevents.event_type": metrics.event_types(event.get_type())})
         with _event_span(event):
             batches.append(((event.get_source(), event.get_id()), _effect_of(event, sink, now, via)))
     try:
         if any(effect for _, effect in batches):
             fresh = await sink.commit([b for b in batches if b[1]])
-            duplicates.add(fresh.count(False))
+            metrics.events_duplicates.add(fresh.count(False))
     except QueueFull:
+        metrics.events_rejected.add(1, {"http.response.status_code": 429})
         return web.Response(status=429, headers={"Retry-After": "1"})
     return web.Response(status=202)
 
@@ -264,7 +284,7 @@ def _effect_of(event: BaseCloudEvent, sink: EventSink, now: datetime, via: Deliv
         minute = int(when.timestamp() // 60)
         return Effect(counts=[Count(function, minute, 1) for function in functions])
     sink.unknown_types[event.get_type()] += 1
-    unknown.add(1, {"type": event.get_type()})
+    metrics.events_unknown.add(1, {"cloudevents.event_type": metrics.event_types(event.get_type())})
     logger.debug(
         "CloudEvent of type %s from %s invokes no known function", event.get_type(), event.get_source()
     )

@@ -8,16 +8,19 @@ is the one verb that talks to the API server.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
 from kubernetes.aio.client import ApiClient
 from opentelemetry import trace
 
-from plugin import convert, kube, wire
+from plugin import convert, kube, metrics, wire
 from plugin.cluster import ClusterCache, Snapshot
+from plugin.decisions import Decision, DecisionLog
 from plugin.errors import BadRequest, KubeApiError, ObjectError
 from policies import filtering, ranking
 from policies.onnx_policy import LoadedPolicy
@@ -30,6 +33,7 @@ MAX_EXTENDER_PRIORITY = 10  # extender/v1 MaxExtenderPriority
 NEUTRAL_PRIORITY = 5  # every candidate equal: no preference, in the middle of the range
 TOP_SCORES_IN_SPANS = 5
 RECENT_PODS = 4096  # pods seen in filter/prioritize, kept so bind can assume their requests
+REASONS = 5  # filter reasons kept per decision, as examples
 
 
 class Binder(Protocol):
@@ -97,10 +101,20 @@ class Priorities:
 class Extender:
     """The three verbs over a cluster cache, a placement policy and a binder."""
 
-    def __init__(self, *, cache: ClusterCache, policy: LoadedPolicy, binder: Binder) -> None:
+    def __init__(
+        self,
+        *,
+        cache: ClusterCache,
+        policy: LoadedPolicy,
+        binder: Binder,
+        decisions: DecisionLog | None = None,
+    ) -> None:
         self.cache = cache
         self.loaded = policy
         self.policy = policy.policy
+        self.decisions = decisions or DecisionLog()
+        self._scored = "fallback" if policy.degraded else "scored"  # the outcome of a ranked pod
+        self._labels = {"kdrl.policy": self.policy.name}
         self._policy_attributes: dict[str, str | bool] = {
             "kdrl.policy": self.policy.name,
             "kdrl.policy.provider": self.loaded.provider,
@@ -129,6 +143,8 @@ class Extender:
                 {name: "node unknown to the kdrl cache (it may have just joined)" for name in unknown}
             )
             passed = [name for name, ok in zip(candidates.names, verdicts.feasible) if ok]
+            self._record_filter(pod, span, verdicts.rejections, failed, unresolvable, unknown, bool(passed))
+            metrics.soon(metrics.candidates.record, len(candidates) + len(unknown))
             span.set_attribute("kdrl.candidates", len(candidates) + len(unknown))
             span.set_attribute("kdrl.feasible", len(passed))
             span.set_attribute("kdrl.unknown_nodes", len(unknown))
@@ -155,8 +171,18 @@ class Extender:
                 candidates, unknown = self._candidates(args, snapshot)
                 result = ranking.rank(pod, candidates, self.policy)
             scores = extender_scores(result.scores)
+            feasible = int(result.verdicts.feasible.sum())
+            outcome = self._scored if feasible else "all_filtered"
+            metrics.decisions.add(1, {**self._labels, "kdrl.outcome": outcome})
+            decision = self._decision(pod, span)
+            decision.candidates, decision.scores, decision.outcome = candidates, result.scores, outcome
+            if filtered is None:  # no filter came first: its count and verdicts are this call's
+                metrics.soon(metrics.candidates.record, len(candidates) + len(unknown))
+                decision.rejections = {**result.verdicts.rejections}
+                if unknown:
+                    decision.rejections["unknown_node"] = len(unknown)
             span.set_attribute("kdrl.candidates", len(candidates) + len(unknown))
-            span.set_attribute("kdrl.feasible", int(result.verdicts.feasible.sum()))
+            span.set_attribute("kdrl.feasible", feasible)
             span.set_attribute("kdrl.unknown_nodes", len(unknown))
             best = result.best_first(limit=TOP_SCORES_IN_SPANS)
             if len(best) and result.verdicts.feasible[best[0]]:
@@ -185,24 +211,65 @@ class Extender:
                 }
             )
             pod = self._recent.get(uid)
+            decision = None
             if pod is not None:
                 span.set_attributes(
                     {"kdrl.function": pod.function or "", "kdrl.priority": pod.priority.value}
                 )
+                decision = self._decision(pod, span)
+                decision.bound_node = node
             try:
                 await self._binder.bind(namespace=namespace, name=name, uid=uid, node=node)
             except KubeApiError as error:
-                message = str(error)
+                message, outcome = str(error), "bind_error"
                 if error.status == 409:
                     message = (
                         f"pod {namespace}/{name} is already bound or was replaced (409 Conflict): {error}"
                     )
+                    outcome = "bind_conflict"
                 span.set_status(trace.StatusCode.ERROR, message)
                 logger.warning("%s", message)
+                self._bound(decision, outcome, message)
                 return wire.ExtenderBindingResult(Error=message)
             if pod is not None:
                 self.cache.assume(uid, node, pod)
+            self._bound(decision, "bound", "")
             return wire.ExtenderBindingResult(Error="")
+
+    def _bound(self, decision: Decision | None, outcome: str, error: str) -> None:
+        metrics.decisions.add(1, {**self._labels, "kdrl.outcome": outcome})
+        if decision is not None:
+            decision.outcome, decision.error = outcome, error
+
+    def _decision(self, pod: PodRequest, span: trace.Span) -> Decision:
+        """The pod's entry in the decision log, stamped with this verb's trace."""
+        context = span.get_span_context()
+        trace_id = format(context.trace_id, "032x") if context.is_valid else ""
+        return self.decisions.entry(pod, self.policy.name, trace_id)
+
+    def _record_filter(
+        self,
+        pod: PodRequest,
+        span: trace.Span,
+        rejections: Mapping[str, int],
+        failed: Mapping[str, str],
+        unresolvable: Mapping[str, str],
+        unknown: list[str],
+        passed: bool,
+    ) -> None:
+        """A filter answer into the metrics and the decision log (a few reasons as examples)."""
+        for code, count in rejections.items():
+            metrics.rejections.add(count, {"kdrl.reason": code})
+        if unknown:
+            metrics.rejections.add(len(unknown), {"kdrl.reason": "unknown_node"})
+        decision = self._decision(pod, span)
+        decision.rejections = {**rejections, **({"unknown_node": len(unknown)} if unknown else {})}
+        examples = list(itertools.islice(itertools.chain(unresolvable.items(), failed.items()), REASONS))
+        decision.reasons = dict(examples)
+        decision.candidates = decision.scores = None
+        decision.outcome = "filtered" if passed else "all_filtered"
+        if not passed:
+            metrics.decisions.add(1, {**self._labels, "kdrl.outcome": "all_filtered"})
 
     def _reusable_filter(self, args: wire.ExtenderArgs) -> _Filtered | None:
         """The last filter answer when this prioritize is for the same pod, on the same

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
 from forecaster.forecasting import Forecast, Forecaster
+from plugin import metrics
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -30,9 +33,13 @@ class ForecastLoop:
     rechoose_s: float = 3600.0
     latest: Mapping[str, Forecast] = field(default_factory=dict)
     context: trace.SpanContext | None = None  # the span of the latest forecast, for plans to link
+    # First-minute predictions waiting for their minute to end: minute -> function -> expected.
+    _predicted: dict[int, dict[str, float]] = field(default_factory=dict)
+    _models: set[str] = field(default_factory=set)  # models reported so far, to zero the unused
 
     def cycle(self, choose: bool) -> Mapping[str, Forecast]:
         """One cycle, synchronously: optionally re-run the backtest, then forecast."""
+        started = time.perf_counter()
         end = int(self.clock() // 60) + 1
         with tracer.start_as_current_span("kdrl.forecast") as span:
             if choose:
@@ -42,7 +49,24 @@ class ForecastLoop:
                 {"kdrl.forecast.functions": len(self.latest), "kdrl.forecast.rechosen": choose}
             )
             self.context = span.get_span_context()
+        self._measure(end)
+        metrics.forecast_cycle.record(time.perf_counter() - started, {"kdrl.rechosen": choose})
         return self.latest
+
+    def _measure(self, end: int) -> None:
+        """Gauges: functions, functions per model, and the one-minute-ahead error of the
+        forecasts whose first minute has ended (the minute before `end` is still running)."""
+        metrics.forecast_functions.set(len(self.latest))
+        models = Counter(forecast.model for forecast in self.latest.values())
+        self._models |= set(models)
+        metrics.set_all(metrics.forecast_models, {m: models.get(m, 0) for m in self._models}, "kdrl.model")
+        for minute in sorted(m for m in self._predicted if m < end - 1):
+            predicted = self._predicted.pop(minute)
+            if predicted:
+                counts = self.forecaster.counts
+                errors = [abs(counts.series(f, minute + 1, 1)[0] - e) for f, e in predicted.items()]
+                metrics.forecast_error.set(sum(errors) / len(errors))
+        self._predicted[end] = {f: float(forecast.expected[0]) for f, forecast in self.latest.items()}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -54,5 +78,6 @@ class ForecastLoop:
                 if choose:
                     last_choice = self.clock()
             except Exception:  # a failed cycle keeps the previous forecasts
+                metrics.forecast_failures.add(1)
                 logger.exception("forecast cycle failed; keeping the previous forecasts")
             await asyncio.sleep(self.interval_s)

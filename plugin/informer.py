@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from plugin import kube
+from plugin import kube, metrics
 from plugin.errors import KubeApiError
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ class Handler(Protocol):
 async def follow(collection: kube.Collection, handler: Handler, settings: WatchSettings) -> None:
     """Keep `handler` current with `collection` until cancelled."""
     backoff = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
+    for reason in ("expired", "error"):  # a series from the start, so rate() sees 0, not nothing
+        metrics.watch_restarts.add(0, {"kdrl.collection": collection.name, "kdrl.reason": reason})
     version: str | None = None
     absent = False  # the API answered 404 last time: said once, looked for rarely
     while True:
@@ -77,6 +79,7 @@ async def follow(collection: kube.Collection, handler: Handler, settings: WatchS
                 await asyncio.sleep(settings.absent_recheck_s)
                 continue
             if error.status == 410:
+                metrics.watch_restarts.add(1, {"kdrl.collection": collection.name, "kdrl.reason": "expired"})
                 logger.info("%s watch expired at resourceVersion %s; relisting", collection.name, version)
                 version = None
                 continue
@@ -89,6 +92,7 @@ async def follow(collection: kube.Collection, handler: Handler, settings: WatchS
 
 
 async def _wait(collection: kube.Collection, handler: Handler, error: Exception, backoff: Backoff) -> None:
+    metrics.watch_restarts.add(1, {"kdrl.collection": collection.name, "kdrl.reason": "error"})
     delay = backoff.next()
     logger.warning("%s watch: %s; retrying in %.1fs (serving what it knows)", collection.name, error, delay)
     handler.live(False)

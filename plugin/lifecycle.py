@@ -1,7 +1,8 @@
 """ApiServerSource events (`mode: Resource`) about Knative pods and revisions, as history.
 
-Pods labelled with a Knative Service: creation, readiness (the Ready condition turning true)
-and deletion, i.e. scale events, and the observed cold start, creation to Ready. Revisions:
+Pods labelled with a Knative Service: creation, binding (PodScheduled), readiness (the Ready
+condition turning true) and deletion, i.e. scale events, and the observed cold start, creation
+to Ready (with its parts: to bound, then to Ready). Revisions:
 the one labelled `serving.knative.dev/routingState: active` is the function's routed revision.
 Event types and attributes: protocols.md §4.2; the data is the whole object.
 """
@@ -50,22 +51,26 @@ def _pod_change(
     now: float,
 ) -> PodChange:
     created = _time(meta.get("creationTimestamp"), "metadata.creationTimestamp") or now
-    ready = None
+    since: dict[str, float | None] = {"Ready": None, "PodScheduled": None}
     for condition in (obj.get("status") or {}).get("conditions") or []:
         if (
             isinstance(condition, Mapping)
-            and condition.get("type") == "Ready"
+            and condition.get("type") in since
             and condition.get("status") == "True"
         ):
-            ready = _time(condition.get("lastTransitionTime"), "status.conditions[Ready].lastTransitionTime")
+            kind = condition["type"]
+            since[kind] = _time(
+                condition.get("lastTransitionTime"), f"status.conditions[{kind}].lastTransitionTime"
+            )
     gone = _time(meta.get("deletionTimestamp"), "metadata.deletionTimestamp")
     return PodChange(
         uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
         function=function,
         revision=str(labels.get(convert.REVISION_LABEL, "")),
         created=created,
-        ready=ready,
+        ready=since["Ready"],
         deleted=(gone or now) if deleted else None,
+        scheduled=since["PodScheduled"],
     )
 
 

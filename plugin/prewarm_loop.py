@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from opentelemetry import trace
 
 from forecaster.forecasting import Forecast
+from plugin import metrics
 from plugin.emitter import Emitter
 from plugin.errors import KubeApiError
 from plugin.functions import FunctionCatalog
@@ -49,8 +50,13 @@ class PrewarmLoop:
     emitter: Emitter | None = None
     forecast_context: Callable[[], trace.SpanContext | None] = lambda: None
     interval_s: float = 60.0
+    # Whether `function` was invoked at or after `minute`: judges each warm window a hit or a
+    # miss for the metrics (None: windows are not judged).
+    invoked: Callable[[str, int], bool] | None = None
     latest: PrewarmPlan | None = None
     warmed: set[str] = field(default_factory=set)  # functions this replica holds warm
+    windows: dict[str, int] = field(default_factory=dict)  # warm function -> minute its window began
+    served: set[str] = field(default_factory=set)  # warm functions invoked during their window
 
     async def cycle(self) -> PrewarmPlan:
         """Plan, and apply when this replica leads."""
@@ -67,14 +73,21 @@ class PrewarmLoop:
             )
             minute = int(self.clock() // 60)
 
-            def planned() -> PrewarmPlan:
-                return plan(
-                    minute, forecasts, states(), nodes, self.budget, policy=policy, settings=self.settings
+            def planned() -> tuple[PrewarmPlan, int]:
+                known = states()
+                decided = plan(
+                    minute, forecasts, known, nodes, self.budget, policy=policy, settings=self.settings
                 )
+                memory = sum(e.replicas * known[e.function].memory_bytes for e in decided.warm)
+                return decided, memory
 
-            decided = await asyncio.get_running_loop().run_in_executor(None, planned)
+            decided, memory = await asyncio.get_running_loop().run_in_executor(None, planned)
             self.latest = decided
             leading = self.leading()
+            mode = {"kdrl.mode": "shadow" if self.actuator.shadow else "applied" if leading else "follower"}
+            metrics.prewarm_functions.set(len(decided.warm), mode)
+            metrics.prewarm_replicas.set(sum(e.replicas for e in decided.warm), mode)
+            metrics.prewarm_memory.set(memory, mode)
             span.set_attributes(
                 {
                     "kdrl.prewarm.warm": len(decided.warm),
@@ -91,14 +104,32 @@ class PrewarmLoop:
                 )
             if leading:
                 await self._apply(decided)
+            self._judge_windows(minute)
         return decided
+
+    def _judge_windows(self, minute: int) -> None:
+        """Each warm window counted once: a hit when its function is invoked while held, a miss
+        when it is released unused."""
+        for function in self.warmed - self.windows.keys():
+            self.windows[function] = minute
+        for function, began in list(self.windows.items()):
+            if function not in self.warmed:
+                del self.windows[function]
+                if function not in self.served:
+                    metrics.prewarm_windows.add(1, {"kdrl.result": "miss"})
+                self.served.discard(function)
+            elif self.invoked is not None and function not in self.served and self.invoked(function, began):
+                self.served.add(function)
+                metrics.prewarm_windows.add(1, {"kdrl.result": "hit"})
 
     async def _apply(self, decided: PrewarmPlan) -> None:
         kept: set[str] = set()
         now = datetime.fromtimestamp(self.clock(), UTC)
         for entry in decided.warm:
             until = datetime.fromtimestamp(entry.expires_minute * 60, UTC)
-            for applied in await self.actuator.warm(entry.function, entry.replicas, until, now):
+            for applied in await _counted(
+                "warm", self.actuator.warm(entry.function, entry.replicas, until, now)
+            ):
                 kept.add(applied.revision)
                 await self._emit("warm", applied, {"replicas": entry.replicas, "until": until.isoformat()})
             if not self.actuator.shadow:  # shadow mode holds nothing warm
@@ -106,7 +137,8 @@ class PrewarmLoop:
         for revision in await self.actuator.held():
             if revision not in kept:
                 namespace, _, name = revision.partition("/")
-                await self._emit("restore", await self.actuator.restore_revision(namespace, name), {})
+                restored = await _counted("restore", _listed(self.actuator.restore_revision(namespace, name)))
+                await self._emit("restore", restored[0], {})
         self.warmed &= {e.function for e in decided.warm}
         targets = [prepull.Target(node=p.node, image=p.image) for p in decided.pulls]
         for applied in await self.prepuller.ensure(targets):
@@ -114,7 +146,7 @@ class PrewarmLoop:
         await self.prepuller.sweep()
 
     async def restore(self, function: str) -> None:
-        for applied in await self.actuator.restore(function):
+        for applied in await _counted("restore", self.actuator.restore(function)):
             await self._emit("restore", applied, {})
         self.warmed.discard(function)
 
@@ -152,6 +184,23 @@ class PrewarmLoop:
                 logger.warning("could not restore %s on shutdown (%s); run kdrl cleanup", function, error)
         if self.emitter is not None:
             await self.emitter.close()
+
+
+async def _counted(action: str, change: Awaitable[list[Applied]]) -> list[Applied]:
+    """Await revision changes, counting the ones sent (applied) and a failure (then re-raised)."""
+    try:
+        done = await change
+    except Exception:
+        metrics.prewarm_changes.add(1, {"kdrl.action": action, "kdrl.result": "failed"})
+        raise
+    metrics.prewarm_changes.add(
+        sum(a.patched for a in done), {"kdrl.action": action, "kdrl.result": "applied"}
+    )
+    return done
+
+
+async def _listed(change: Awaitable[Applied]) -> list[Applied]:
+    return [await change]
 
 
 def _why(entry: WarmEntry | PullEntry) -> dict[str, str | int | float]:

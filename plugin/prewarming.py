@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes.aio.client import ApiClient
 from opentelemetry import trace
 
-from plugin import kube
+from plugin import kube, metrics
 from plugin.errors import KubeApiError
 from plugin.functions import routed_revisions
 from prewarm import actuation, prepull, rfc3339
@@ -165,7 +165,6 @@ class Prepuller:
 
     def __init__(self, api: ApiClient, *, namespace: str, timeout_s: float, shadow: bool) -> None:
         self.api, self.namespace, self.timeout_s, self.shadow = api, namespace, timeout_s, shadow
-        self.stuck = 0  # pulls given up (ImagePullBackOff, deadline): a counter for metrics
 
     async def ensure(self, targets: Sequence[prepull.Target]) -> list[Applied]:
         results = []
@@ -194,6 +193,7 @@ class Prepuller:
                         raise
                     results.append(Applied(key, "already pulling", patched=False))
                     continue
+                metrics.prewarm_pulls.add(1, {"kdrl.result": "started"})
                 results.append(Applied(key, f"pulling {target.image} on {target.node}", patched=True))
         return results
 
@@ -205,10 +205,10 @@ class Prepuller:
         )
         removed = []
         for obj in pods:
-            if not prepull.finished(obj, datetime.now(UTC)):
+            ended = prepull.outcome(obj, datetime.now(UTC))
+            if ended is None:
                 continue
-            if (obj.get("status") or {}).get("phase") != "Succeeded":
-                self.stuck += 1
+            metrics.prewarm_pulls.add(1, {"kdrl.result": ended})
             name = obj["metadata"]["name"]
             await kube.delete_pod(self.api, namespace=self.namespace, name=name, timeout_s=self.timeout_s)
             removed.append(name)

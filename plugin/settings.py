@@ -75,6 +75,12 @@ class ServerSettings:
         ),
     )
     tls_port: int = _setting(8443, "KDRL_TLS_PORT", "HTTPS port when KDRL_TLS_DIR is set.", check=_port)
+    metrics: bool = _setting(
+        True,
+        "KDRL_METRICS",
+        "Record metrics (Prometheus at /metrics; OTLP too where OTEL_EXPORTER_OTLP_ENDPOINT is set). "
+        "false makes every instrument a no-op.",
+    )
 
 
 @dataclass(frozen=True)

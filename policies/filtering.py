@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +34,7 @@ class Verdicts:
     feasible: BoolArray
     unresolvable: BoolArray
     reasons: Mapping[int, str]  # row -> why it cannot run the pod; feasible rows absent
+    rejections: Mapping[str, int] = field(default_factory=dict)  # reason code -> nodes failing it
 
     def reason(self, row: int) -> str:
         return self.reasons.get(row, "")
@@ -49,6 +50,7 @@ class Verdicts:
 
 @dataclass(frozen=True, slots=True)
 class _Check:
+    code: str  # a short fixed name for metrics: cordoned, taint, node_affinity, pods, cpu, ...
     failing: BoolArray
     reason: Callable[[int], str]  # why row fails, computed only when asked for
     unresolvable: bool
@@ -59,15 +61,19 @@ def filter_nodes(pod: PodRequest, nodes: NodeTable, *, explain: bool = True) -> 
     checks = [*_placement_checks(pod, nodes), *_resource_checks(pod, nodes)]
     failing = np.zeros(len(nodes), dtype=np.bool_)
     unresolvable = np.zeros(len(nodes), dtype=np.bool_)
+    rejections: dict[str, int] = {}
     for check in checks:
         failing |= check.failing
         if check.unresolvable:
             unresolvable |= check.failing
+        rejected = int(np.count_nonzero(check.failing))
+        if rejected:
+            rejections[check.code] = rejections.get(check.code, 0) + rejected
     reasons: dict[int, str] = {}
     if explain:
         for row in np.flatnonzero(failing).tolist():
             reasons[row] = "; ".join(c.reason(row) for c in checks if c.failing[row])
-    return Verdicts(feasible=~failing, unresolvable=unresolvable, reasons=reasons)
+    return Verdicts(feasible=~failing, unresolvable=unresolvable, reasons=reasons, rejections=rejections)
 
 
 def all_feasible(size: int) -> Verdicts:
@@ -81,17 +87,23 @@ def _placement_checks(pod: PodRequest, nodes: NodeTable) -> list[_Check]:
     """Cordons, taints and labels: failures that evicting pods cannot fix."""
     checks = []
     if not _tolerated(UNSCHEDULABLE_TAINT, pod.tolerations):
-        checks.append(_Check(nodes.unschedulable, lambda row: "node is cordoned (spec.unschedulable)", True))
+        checks.append(
+            _Check("cordoned", nodes.unschedulable, lambda row: "node is cordoned (spec.unschedulable)", True)
+        )
     # Nodes of a pool share their taints: judge each distinct set once, then index.
     judged, failing = _judged(nodes.cluster.taint_sets, pod.tolerations)
     untolerated = failing[nodes.taint_set]
-    checks.append(_Check(untolerated, lambda row: judged[nodes.taint_set[row]], True))
+    checks.append(_Check("taint", untolerated, lambda row: judged[nodes.taint_set[row]], True))
     if pod.node_selector or pod.required_affinity:
         labels, names = nodes.labels, nodes.names
         mismatched = np.fromiter(
             (bool(_label_mismatch(pod, lab, name)) for lab, name in zip(labels, names)), np.bool_, len(nodes)
         )
-        checks.append(_Check(mismatched, lambda row: _label_mismatch(pod, labels[row], names[row]), True))
+        checks.append(
+            _Check(
+                "node_affinity", mismatched, lambda row: _label_mismatch(pod, labels[row], names[row]), True
+            )
+        )
     return checks
 
 
@@ -135,16 +147,19 @@ def _resource_checks(pod: PodRequest, nodes: NodeTable) -> list[_Check]:
     """Pod count and requests (NodeResourcesFit): failures that preemption might fix."""
     count, capacity = nodes.pod_count, nodes.pods_allocatable
     checks = [
-        _Check(count + 1 > capacity, lambda row: f"too many pods: {count[row]} of {capacity[row]}", False)
+        _Check(
+            "pods", count + 1 > capacity, lambda row: f"too many pods: {count[row]} of {capacity[row]}", False
+        )
     ]
-    for resource, wanted, requested, allocatable, show in (
-        ("cpu", pod.cpu_milli, nodes.cpu_requested, nodes.cpu_allocatable, _millicores),
-        ("memory", pod.memory_bytes, nodes.memory_requested, nodes.memory_allocatable, _bytes),
-        ("nvidia.com/gpu", pod.gpu, nodes.gpu_requested, nodes.gpu_allocatable, str),
+    for code, resource, wanted, requested, allocatable, show in (
+        ("cpu", "cpu", pod.cpu_milli, nodes.cpu_requested, nodes.cpu_allocatable, _millicores),
+        ("memory", "memory", pod.memory_bytes, nodes.memory_requested, nodes.memory_allocatable, _bytes),
+        ("gpu", "nvidia.com/gpu", pod.gpu, nodes.gpu_requested, nodes.gpu_allocatable, str),
     ):
         if wanted > 0:  # NodeResourcesFit skips what the pod does not request
             checks.append(
                 _Check(
+                    code,
                     allocatable - requested < wanted,
                     _shortage(resource, wanted, requested, allocatable, show),
                     False,

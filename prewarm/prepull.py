@@ -96,17 +96,25 @@ def pod(target: Target, *, namespace: str, pull_secrets: tuple[str, ...] = ()) -
 def finished(obj: dict[str, Any], now: datetime) -> bool:
     """Done with: succeeded, failed (the kubelet's deadline included), a name that can never
     pull, or still failing to pull after the deadline (a registry hiccup gets its retries)."""
+    return outcome(obj, now) is not None
+
+
+def outcome(obj: dict[str, Any], now: datetime) -> str | None:
+    """How a pre-pull pod ended: `succeeded`, `failed` (including a name that can never pull),
+    `timed_out` (the kubelet's deadline, or still failing to pull after ours); None while it runs."""
     status = obj.get("status") or {}
-    if status.get("phase") in ("Succeeded", "Failed"):
-        return True
+    if status.get("phase") == "Succeeded":
+        return "succeeded"
+    if status.get("phase") == "Failed":
+        return "timed_out" if status.get("reason") == "DeadlineExceeded" else "failed"
     waiting = {
         (c.get("state") or {}).get("waiting", {}).get("reason") for c in status.get("containerStatuses") or []
     }
     if "InvalidImageName" in waiting:
-        return True
+        return "failed"
     started = rfc3339.parse(status.get("startTime") or (obj.get("metadata") or {}).get("creationTimestamp"))
     overdue = started is not None and (now - started).total_seconds() > DEADLINE_S
-    return overdue and bool(waiting & {"ErrImagePull", "ImagePullBackOff"})
+    return "timed_out" if overdue and waiting & {"ErrImagePull", "ImagePullBackOff"} else None
 
 
 def image_on_node(node: dict[str, Any], image: str) -> bool:

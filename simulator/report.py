@@ -26,6 +26,34 @@ from simulator.study import Outcome
 
 FloatArray = npt.NDArray[np.float64]
 
+# The comparison table (`kdrl simulate`'s terminal table and its HTML page): title, report key.
+TABLE_COLUMNS = (
+    ("placement", "placement"),
+    ("keep-alive", "keepalive"),
+    ("cold starts", "cold_starts"),
+    ("p75 cold %", "cold_start_pct_p75"),
+    ("cold % (w) mean/p50/p75/p90", "cold_start_pct"),
+    ("wasted mem", "wasted_memory_norm"),
+    ("cold p50 s", "cold_start_latency_p50_s"),
+    ("cold p99 s", "cold_start_latency_p99_s"),
+    ("capacity wait p99 s", "capacity_wait_p99_s"),
+    ("timeouts", "timed_out_requests"),
+    ("CPU alloc", "cpu_alloc_utilization"),
+    ("cost $", "cost_usd"),
+    ("energy kWh", "energy_kwh"),
+)
+
+
+def cell(value: Any) -> str:
+    """A report value as the table shows it."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict) and "weighted" in value:  # the cold-start % views
+        return "/".join(cell(value["weighted"][q]) for q in ("mean", "p50", "p75", "p90"))
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
 
 def weighted_percentile(values: FloatArray, weights: FloatArray, q: float) -> float | None:
     """The q-th percentile of `values` with `weights` (None when no weight at all)."""

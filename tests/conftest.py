@@ -11,7 +11,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from kubernetes.aio import client as kclient
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -25,6 +28,9 @@ _EXPORTER = InMemorySpanExporter()
 _PROVIDER = TracerProvider()
 _PROVIDER.add_span_processor(SimpleSpanProcessor(_EXPORTER))
 trace.set_tracer_provider(_PROVIDER)  # the global provider can be set once per process
+_METRICS = InMemoryMetricReader()
+# In-memory for assertions, Prometheus for the service's own /metrics (as `kdrl serve` has it).
+metrics.set_meter_provider(MeterProvider(metric_readers=[_METRICS, PrometheusMetricReader()]))
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "cluster"
 
@@ -34,6 +40,23 @@ def spans() -> Iterator[InMemorySpanExporter]:
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
+
+
+def metric(name: str, **attributes: object) -> float:
+    """The current value of an in-process metric: a counter's or gauge's value, a histogram's
+    count, summed over the series whose attributes include `attributes` (dots as `_` in keys)."""
+    wanted = {key.replace("_", "."): value for key, value in attributes.items()}
+    data = _METRICS.get_metrics_data()
+    total = 0.0
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for found in scope.metrics:
+                if found.name != name:
+                    continue
+                for point in found.data.data_points:
+                    if all(point.attributes.get(k) == v for k, v in wanted.items()):
+                        total += getattr(point, "value", None) or getattr(point, "count", 0)
+    return total
 
 
 def write_objects(directory: Path, name: str, items: list[dict[str, Any]]) -> Path:

@@ -291,4 +291,4 @@ def test_metrics_count_unknown_event_types(tmp_path: Path) -> None:
         server.terminate()
         server.wait(timeout=10)
     line = next(row for row in text.splitlines() if row.startswith("kdrl_events_unknown_total{"))
-    assert 'type="com.example.unheard-of"' in line and line.endswith(" 1.0")
+    assert 'cloudevents_event_type="com.example.unheard-of"' in line and line.endswith(" 1.0")

@@ -232,3 +232,40 @@ async def test_prioritize_reuses_the_filter_of_the_same_pod_with_the_same_answer
     prioritized = [s for s in spans.get_finished_spans() if s.name == "kdrl.extender.prioritize"]
     assert [s.attributes["kdrl.filter_reused"] for s in prioritized] == [False, True, False]  # type: ignore[index]
     assert prioritized[1].attributes["k8s.pod.uid"] == "uid-1"  # type: ignore[index]
+
+
+async def test_decisions_are_kept_and_explained(offline_client: Client) -> None:
+    names = ["roomy", "full", "gpu", "gone"]
+    args = {"Pod": pending(cpu="500m", memory="1Gi"), "Nodes": None, "NodeNames": names}
+    status, filtered = await post(offline_client, "filter", args)
+    assert status == 200 and filtered["NodeNames"] == ["roomy"]
+    assert (await post(offline_client, "prioritize", {**args, "NodeNames": ["roomy"]}))[0] == 200
+    binding = {"PodName": "hello-abc", "PodNamespace": "shop", "PodUID": "uid-1", "Node": "roomy"}
+    assert (await post(offline_client, "bind", binding))[0] == 200
+    response = await offline_client.get("/debug/decisions?limit=5")
+    assert response.status == 200
+    (decision,) = (await response.json())["decisions"]
+    assert decision["pod"] == "shop/hello-abc" and decision["function"] == "shop/hello"
+    assert decision["outcome"] == "bound" and decision["bound_node"] == "roomy"
+    assert decision["rejections"] == {"cpu": 1, "memory": 1, "taint": 1, "unknown_node": 1}
+    assert set(decision["reasons"]) == {"full", "gpu", "gone"}
+    assert decision["best_node"] == "roomy" and [c["node"] for c in decision["top"]] == ["roomy"]
+    assert set(decision["top"][0]["terms"]) == set(decision["weights"]) != set()
+    assert len(decision["trace_id"]) == 32
+
+
+@pytest.mark.parametrize(
+    ("query", "status"), [("limit=abc", 400), ("limit=-1", 400), ("limit=99999999999", 200)]
+)
+async def test_decisions_limit_is_a_bounded_number(offline_client: Client, query: str, status: int) -> None:
+    response = await offline_client.get(f"/debug/decisions?{query}")
+    assert response.status == status
+    assert ("Error" in await response.json()) == (status == 400)
+
+
+async def test_the_explorer_page_and_its_files_are_served(offline_client: Client) -> None:
+    page = await offline_client.get("/ui")
+    assert page.status == 200 and "Read-only" in await page.text()
+    for name in ("ui.js", "ui.css"):
+        assert (await offline_client.get(f"/ui/static/{name}")).status == 200
+    assert (await offline_client.get("/ui/static/../app.py")).status in (403, 404)

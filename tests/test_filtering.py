@@ -115,6 +115,20 @@ def test_failures_split_by_whether_preemption_could_help() -> None:
     assert list(unresolvable) == ["tainted"]
 
 
+def test_rejections_count_nodes_per_reason_code_for_the_metrics() -> None:
+    nodes = NodeTable.from_nodes(
+        [
+            node(name="ok"),
+            node(name="busy", cpu_requested=4000),
+            node(name="tainted", taints=(GPU_TAINT,)),
+            node(name="both", unschedulable=True, cpu_requested=4000),
+        ]
+    )
+    verdicts = filtering.filter_nodes(POD, nodes, explain=False)  # counted even unexplained
+    assert verdicts.rejections == {"cpu": 2, "taint": 1, "cordoned": 1}
+    assert filtering.filter_nodes(POD, nodes.take([0])).rejections == {}
+
+
 def test_empty_table() -> None:
     verdicts = filtering.filter_nodes(POD, NodeTable.empty())
     assert verdicts.feasible.shape == (0,)

@@ -8,7 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forecaster.history import MINUTES_KEPT, Count, Effect, HistoryStore, MinuteCounts, idle_minutes, rebuild
+from forecaster.history import (
+    MINUTES_KEPT,
+    ColdStart,
+    Count,
+    Effect,
+    HistoryStore,
+    Lifecycle,
+    MinuteCounts,
+    PodChange,
+    idle_minutes,
+    rebuild,
+)
 
 
 def test_ring_keeps_two_days_and_adds_up() -> None:
@@ -78,3 +89,19 @@ def test_a_corrupt_database_is_moved_aside(tmp_path: Path, caplog: pytest.LogCap
     assert "unreadable" in caplog.text
     assert list(tmp_path.glob("history.db.corrupt-*"))
     assert store.record([(None, Effect(counts=[Count("ns/a", 1, 1)]))], 0.0) == [True]
+
+
+def test_a_pod_going_ready_is_one_cold_start_with_its_parts() -> None:
+    pods = Lifecycle()
+    created = PodChange(uid="p1", function="shop/cart", revision="cart-1", created=100.0)
+    assert pods.apply(Effect(pods=[created])) == []
+    bound = PodChange(uid="p1", function="shop/cart", revision="cart-1", created=100.0, scheduled=101.5)
+    assert pods.apply(Effect(pods=[bound])) == []
+    ready = PodChange(uid="p1", function="shop/cart", revision="cart-1", created=100.0, ready=107.0)
+    assert pods.apply(Effect(pods=[ready])) == [ColdStart("shop/cart", 7.0, scheduling_s=1.5, startup_s=5.5)]
+    assert pods.apply(Effect(pods=[ready])) == []  # observed once, redelivered or not
+    unbound = PodChange(uid="p2", function="shop/cart", revision="cart-1", created=200.0, ready=203.0)
+    assert pods.apply(Effect(pods=[unbound])) == [
+        ColdStart("shop/cart", 3.0, scheduling_s=None, startup_s=None)
+    ]
+    assert pods.cold_starts_s["shop/cart"] == [7.0, 3.0]

@@ -26,6 +26,8 @@ CUSTOM = {
     ("serving.knative.dev/v1", "Service"): ("template",),
     ("cert-manager.io/v1", "Issuer"): ("selfSigned",),
     ("cert-manager.io/v1", "Certificate"): ("secretName", "dnsNames", "issuerRef"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): ("groups",),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
 }
 
 Grant = tuple[str, str, str, str]  # (namespace or "", group, resource, verb)

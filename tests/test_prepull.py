@@ -10,7 +10,7 @@ import pytest
 from plugin.errors import KubeApiError
 from plugin.prewarming import Prepuller
 from prewarm import prepull
-from tests.conftest import api_client
+from tests.conftest import api_client, metric
 from tests.fakekube import FakeKube
 
 TARGET = prepull.Target(node="gpu-0001", image="gcr.io/distroless/python3@sha256:abc")
@@ -33,8 +33,9 @@ def test_the_pod_pulls_without_a_shell_on_the_chosen_node() -> None:
 
 def test_finished_and_confirmed() -> None:
     now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-    assert prepull.finished({"status": {"phase": "Succeeded"}}, now)
-    assert prepull.finished({"status": {"phase": "Failed", "reason": "DeadlineExceeded"}}, now)
+    assert prepull.outcome({"status": {"phase": "Succeeded"}}, now) == "succeeded"
+    assert prepull.outcome({"status": {"phase": "Failed", "reason": "DeadlineExceeded"}}, now) == "timed_out"
+    assert prepull.outcome({"status": {"phase": "Failed"}}, now) == "failed"
 
     def backing_off(minutes_ago: float, reason: str = "ImagePullBackOff") -> dict[str, object]:
         started = (now - timedelta(minutes=minutes_ago)).isoformat().replace("+00:00", "Z")
@@ -42,8 +43,8 @@ def test_finished_and_confirmed() -> None:
         return {"status": {"phase": "Pending", "startTime": started, "containerStatuses": waiting}}
 
     assert not prepull.finished(backing_off(2), now)  # the kubelet retries: give it time
-    assert prepull.finished(backing_off(prepull.DEADLINE_S / 60 + 1), now)  # stuck past the deadline
-    assert prepull.finished(backing_off(0, "InvalidImageName"), now)  # can never pull
+    assert prepull.outcome(backing_off(prepull.DEADLINE_S / 60 + 1), now) == "timed_out"  # stuck
+    assert prepull.outcome(backing_off(0, "InvalidImageName"), now) == "failed"  # can never pull
     assert not prepull.finished({"status": {"phase": "Pending"}}, now)
     node = {
         "status": {"images": [{"names": [TARGET.image, "gcr.io/distroless/python3:latest"], "sizeBytes": 1}]}
@@ -56,6 +57,10 @@ async def test_run_and_sweep(fake_kube: tuple[FakeKube, str]) -> None:
     api = api_client(url)
     try:
         puller = Prepuller(api, namespace="kdrl-system", timeout_s=2.0, shadow=False)
+        started, succeeded, timed_out = (
+            metric("kdrl.prewarm.prepulls", kdrl_result=result)
+            for result in ("started", "succeeded", "timed_out")
+        )
         other = prepull.Target("node-b", "registry.example.com/app:2")
         first = await puller.ensure([TARGET, other])
         assert [a.patched for a in first] == [True, True]
@@ -74,7 +79,7 @@ async def test_run_and_sweep(fake_kube: tuple[FakeKube, str]) -> None:
             f"kdrl-system/{prepull.pod_name(other)}",
             "kdrl-system/unrelated",
         }
-        assert puller.stuck == 0
+        assert metric("kdrl.prewarm.prepulls", kdrl_result="succeeded") == succeeded + 1
 
         stuck = copy.deepcopy(fake.objects["pods"][f"kdrl-system/{prepull.pod_name(other)}"])
         an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
@@ -82,7 +87,8 @@ async def test_run_and_sweep(fake_kube: tuple[FakeKube, str]) -> None:
         stuck["status"] = {"phase": "Pending", "startTime": an_hour_ago, "containerStatuses": waiting}
         await fake.modify("pods", stuck)
         assert await puller.sweep() == [prepull.pod_name(other)]  # given up on, and counted
-        assert puller.stuck == 1
+        assert metric("kdrl.prewarm.prepulls", kdrl_result="timed_out") == timed_out + 1
+        assert metric("kdrl.prewarm.prepulls", kdrl_result="started") == started + 2
     finally:
         await api.close()
 

@@ -29,7 +29,7 @@ from policies.types import Node, NodeTable, Priority
 from prewarm import actuation as act
 from prewarm import rfc3339
 from prewarm.planning import Budget
-from tests.conftest import api_client
+from tests.conftest import api_client, metric
 from tests.fakekube import FakeKube
 
 GiB = 1 << 30
@@ -317,3 +317,32 @@ async def test_shadow_mode_reports_nothing_as_warmed(setup: tuple[FakeKube, dict
     _, env = setup
     shadow = loop(env, shadow=True)
     assert (await shadow.cycle()).warm and shadow.warmed == set()
+
+
+async def test_warm_windows_are_judged_hits_or_misses_and_changes_counted(
+    setup: tuple[FakeKube, dict[str, Any]],
+) -> None:
+    _, env = setup
+    invoked = {"shop/hello": False}
+    before = {r: metric("kdrl.prewarm.windows", kdrl_result=r) for r in ("hit", "miss")}
+    applied = metric("kdrl.prewarm.changes", kdrl_action="warm", kdrl_result="applied")
+    cycle = loop(env)
+    cycle.invoked = lambda function, minute: invoked[function]
+    await cycle.cycle()  # warmed, not yet invoked
+    assert metric("kdrl.prewarm.changes", kdrl_action="warm", kdrl_result="applied") == applied + 1
+    assert metric("kdrl.prewarm.replicas", kdrl_mode="applied") == 1
+    assert metric("kdrl.prewarm.memory", kdrl_mode="applied") == 512 << 20
+    invoked["shop/hello"] = True
+    await cycle.cycle()  # invoked while held: a hit, counted once
+    await cycle.cycle()
+    env["state"]["forecasts"] = {}
+    await cycle.cycle()  # released after serving: no miss
+    assert metric("kdrl.prewarm.windows", kdrl_result="hit") == before["hit"] + 1
+    assert metric("kdrl.prewarm.windows", kdrl_result="miss") == before["miss"]
+    invoked["shop/hello"] = False
+    env["state"]["forecasts"] = {"shop/hello": likely()}
+    await cycle.cycle()
+    env["state"]["forecasts"] = {}
+    await cycle.cycle()  # released unused: a miss
+    assert metric("kdrl.prewarm.windows", kdrl_result="miss") == before["miss"] + 1
+    assert metric("kdrl.prewarm.windows", kdrl_result="hit") == before["hit"] + 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from plugin import cli
-from simulator import clusterspec, compare, traces
+from simulator import clusterspec, compare, htmlreport, traces
 
 QUICK = ["simulate", "--functions", "24", "--hours", "1", "--cluster", "small", "--seed", "3"]
 REQUIRED = {
@@ -63,9 +63,22 @@ def test_cluster_mode_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     for name in ("report.json", "pareto.png", "cold_start_cdf.png", "timeline.png"):
         assert (tmp_path / "a" / name).stat().st_size > 0
 
-    assert cli.main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert cli.main([*args, "--html", "--out", str(tmp_path / "b")]) == 0
     capsys.readouterr()
     assert (tmp_path / "a" / "report.json").read_bytes() == (tmp_path / "b" / "report.json").read_bytes()
+    page = (tmp_path / "b" / "report.html").read_text()
+    table = page.split("<h2>Results</h2>")[1].split("</table>")[0]
+    assert table.count("<tr>") == len(results) + 1 and "most-allocated" in table
+    assert page.count('src="data:image/png;base64,') == 3  # every plot inside, nothing linked
+    assert 'src="http' not in page and "<link" not in page
+
+
+def test_the_html_page_escapes_what_the_report_says() -> None:
+    entry = {"placement": "<script>x()</script>", "keepalive": "hybrid", "invocations": 3, "cold_starts": 1}
+    result = {"functions": 1, "results": [entry], "config": {"mode": "cluster", "trace": "<b>"}}
+    page = htmlreport.render(result, {}, [])
+    assert "<script>" not in page and "&lt;script&gt;x()&lt;/script&gt;" in page
+    assert "<b>" not in page
 
 
 def test_the_prewarm_planner_runs_with_and_without_pre_pulls(
