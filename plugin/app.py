@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -265,9 +266,12 @@ async def _function(request: web.Request) -> web.Response:
     if function not in sink.counts.functions and function not in sink.lifecycle.routes:
         return web.json_response({"Error": f"no invocations recorded for {function}"}, status=404)
     try:
-        hours = min(max(float(request.query.get("hours", "6")), 1 / 60), 48.0)
+        hours = float(request.query.get("hours", "6"))
     except ValueError:
-        raise BadRequest(f"hours={request.query['hours']!r} is not a number") from None
+        hours = math.nan
+    if not math.isfinite(hours):
+        raise BadRequest(f"hours={request.query['hours']!r} is not a finite number")
+    hours = min(max(hours, 1 / 60), 48.0)
     minutes = int(hours * 60)
     end = int(sink.clock() // 60) + 1
     series = sink.counts.series(function, end, minutes)
@@ -429,6 +433,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except BadRequest as error:
         logger.info("%s %s: 400: %s", request.method, request.path, error)
         return web.json_response({"Error": str(error)}, status=400)
+    except web.RequestPayloadError as error:  # e.g. Content-Encoding: gzip on a body that is not
+        logger.info("%s %s: 400: unreadable body: %s", request.method, request.path, error)
+        return web.json_response({"Error": f"request body could not be read: {error}"}, status=400)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS].server.max_body_bytes
         return web.json_response({"Error": f"request body larger than {limit} bytes"}, status=413)

@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
@@ -45,6 +45,7 @@ DEFAULT_MEMORY_BYTES = 200 * 1024 * 1024
 # Far beyond any real node (1M cores, 1 EiB, 4096 GPUs): larger values are typos or attacks.
 MAX_CPU_MILLI = 10**9
 MAX_MEMORY_BYTES = 2**60
+MAX_IMAGE_BYTES = 2**50  # a petabyte image: far beyond any registry's, far inside int64
 MAX_GPUS = 4096
 MAX_PODS = 10**6
 
@@ -92,7 +93,7 @@ def object_key(obj: Json) -> str:
 def function_of(namespace: str, labels: Mapping[str, str]) -> str | None:
     """`namespace/service` for Knative pods (the Configuration for a bare one), else None."""
     owner = labels.get(SERVICE_LABEL) or labels.get(CONFIGURATION_LABEL)
-    return f"{namespace}/{owner}" if owner else None
+    return f"{namespace}/{owner}" if owner and isinstance(owner, str) else None
 
 
 def priority_of(annotations: Mapping[str, str], who: str) -> Priority:
@@ -152,8 +153,8 @@ def _node_images(status: Json) -> dict[str, int]:
         if not isinstance(entry, Mapping):
             raise ObjectError(path, "expected an object")
         size = entry.get("sizeBytes", 0)
-        if not isinstance(size, int) or size < 0:
-            raise ObjectError(f"{path}.sizeBytes", f"expected a non-negative integer, got {size!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_IMAGE_BYTES:
+            raise ObjectError(f"{path}.sizeBytes", f"expected an integer 0..{MAX_IMAGE_BYTES}, got {size!r}")
         for name in _list(entry, "names", path):
             if isinstance(name, str):
                 images[name] = size
@@ -250,7 +251,7 @@ def _quantity(raw: object, path: str, *, limit: int, milli: bool = False) -> int
         raise ObjectError(path, f"expected a quantity such as '500m' or '1Gi', got {raw!r}")
     try:
         value = _parsed_quantity(raw) * (1000 if milli else 1)
-    except ValueError as error:
+    except (ValueError, ArithmeticError) as error:  # ArithmeticError: decimal overflow (1e1000000)
         raise ObjectError(path, str(error)) from None
     if value > limit:
         raise ObjectError(path, f"{raw!r} is larger than any real node")
@@ -263,7 +264,7 @@ def _parsed_quantity(raw: str | int | float) -> Decimal:
     Decimal parsing is a fair share of an extender call."""
     try:
         value = parse_quantity(raw)
-    except (ValueError, InvalidOperation, TypeError) as error:
+    except (ValueError, ArithmeticError, TypeError) as error:  # InvalidOperation, Overflow among them
         raise ValueError(f"{raw!r} is not a Kubernetes quantity") from error
     if not isinstance(value, Decimal) or not value.is_finite():
         raise ValueError(f"{raw!r} is not a finite quantity")

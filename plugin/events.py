@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,9 @@ MAX_COUNT = 10**8  # per report: far above any function's minute (the trace's bu
 MAX_WINDOW_S = 3600  # one report covers at most an hour
 FUTURE_SLACK = timedelta(minutes=5)  # clock skew we forgive
 OLDEST = timedelta(days=30)  # older reports are refused: history beyond two days is hourly anyway
+# namespace/service: both DNS-1123 labels, as Kubernetes names them (what the history stores).
+FUNCTION = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+MAX_KEY_LENGTH = 1024  # an event's source and id, the deduplication key
 
 
 class QueueFull(Exception):
@@ -107,22 +111,37 @@ class EventSink:
             flat = [batch for pending in group for batch in pending.batches]
             try:
                 fresh = await self.on_store(partial(self.store.record, flat, self.clock()))
-            except Exception as error:  # the database failed: nothing was acknowledged
-                logger.exception("committing %d events failed", len(flat))
+            except Exception:  # one request's rows may be at fault: commit each on its own
+                logger.warning("committing %d events together failed; one request at a time", len(flat))
                 for pending in group:
-                    pending.done.set_exception(error)
+                    await self._commit_alone(pending)
                 continue
             position = 0
             for pending in group:
                 mine = fresh[position : position + len(pending.batches)]
                 position += len(pending.batches)
-                for (_, effect), new in zip(pending.batches, mine):
-                    if new:
-                        for c in effect.counts:
-                            self.counts.add(c.function, c.minute, c.count)
-                        for cold_start in self.lifecycle.apply(effect):
-                            _record(cold_start)
-                pending.done.set_result(mine)
+                self._apply(pending, mine)
+
+    async def _commit_alone(self, pending: _Pending) -> None:
+        """One request's events in their own transaction: a row the database refuses fails its
+        own request only (answered 500, rolled back, nothing acknowledged), never a neighbour's."""
+        try:
+            fresh = await self.on_store(partial(self.store.record, pending.batches, self.clock()))
+        except Exception as error:
+            logger.exception("committing %d events failed", len(pending.batches))
+            pending.done.set_exception(error)
+            return
+        self._apply(pending, fresh)
+
+    def _apply(self, pending: _Pending, fresh: list[bool]) -> None:
+        """Committed: the new events into memory, and the request answered."""
+        for (_, effect), new in zip(pending.batches, fresh):
+            if new:
+                for c in effect.counts:
+                    self.counts.add(c.function, c.minute, c.count)
+                for cold_start in self.lifecycle.apply(effect):
+                    _record(cold_start)
+        pending.done.set_result(fresh)
 
     @property
     def pending(self) -> int:
@@ -186,8 +205,10 @@ def invocation_counts(event: BaseCloudEvent, *, now: datetime) -> list[Count]:
 
 def _spread(report: dict[str, Any], where: str, now: datetime) -> list[Count]:
     function = report.get("function")
-    if not isinstance(function, str) or function.count("/") != 1 or not all(function.split("/")):
-        raise BadRequest(f"{where}.function: expected 'namespace/service', got {function!r}")
+    if not isinstance(function, str) or not FUNCTION.fullmatch(function):
+        raise BadRequest(
+            f"{where}.function: expected 'namespace/service' (Kubernetes names), got {function!r:.200}"
+        )
     count, seconds = report.get("count"), report.get("seconds", 60)
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
         raise BadRequest(f"{where}.count: expected an integer 0..{MAX_COUNT}, got {count!r}")
@@ -235,6 +256,7 @@ async def _receive(request: web.Request, body: bytes, sink: EventSink) -> web.Re
     via = Delivery(namespace=request.query.get("namespace"), broker=request.query.get("broker"))
     batches: list[tuple[tuple[str, str] | None, Effect]] = []
     for event in events:
+        _check_key(event)
         metrics.events_received.add(1, {"cloudevents.event_type": metrics.event_types(event.get_type())})
         with _event_span(event):
             batches.append(((event.get_source(), event.get_id()), _effect_of(event, sink, now, via)))
@@ -259,6 +281,17 @@ async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _check_key(event: BaseCloudEvent) -> None:
+    """The (source, id) the history deduplicates by: text SQLite can store, of a sane length."""
+    for name, value in (("source", event.get_source()), ("id", event.get_id())):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"CloudEvent {name} is not valid UTF-8") from None
+        if len(value) > MAX_KEY_LENGTH:
+            raise BadRequest(f"CloudEvent {name} is longer than {MAX_KEY_LENGTH} characters")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,12 @@ def effect(event_type: str, obj: Any, *, now: float) -> Effect:
     """What an ApiServerSource event changes; an empty `Effect` for objects that are not ours."""
     if not isinstance(obj, Mapping):
         raise BadRequest(f"{event_type}: data must be the resource object")
-    meta = obj.get("metadata") or {}
-    labels = meta.get("labels") or {}
+    meta = _mapping(obj, "metadata", event_type)
+    labels = _mapping(meta, "labels", f"{event_type}: metadata")
     namespace = meta.get("namespace") or "default"
-    function = convert.function_of(namespace, labels) if isinstance(labels, Mapping) else None
+    if not isinstance(namespace, str):
+        raise BadRequest(f"{event_type}: metadata.namespace must be a string")
+    function = convert.function_of(namespace, labels)
     if function is None:
         return Effect()
     deleted = event_type.endswith(".delete")
@@ -52,7 +54,10 @@ def _pod_change(
 ) -> PodChange:
     created = _time(meta.get("creationTimestamp"), "metadata.creationTimestamp") or now
     since: dict[str, float | None] = {"Ready": None, "PodScheduled": None}
-    for condition in (obj.get("status") or {}).get("conditions") or []:
+    conditions = _mapping(obj, "status", "pod").get("conditions") or []
+    if not isinstance(conditions, list):
+        raise BadRequest("pod: status.conditions must be a list")
+    for condition in conditions:
         if (
             isinstance(condition, Mapping)
             and condition.get("type") in since
@@ -83,3 +88,11 @@ def _time(raw: object, where: str) -> float | None:
         return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
     except ValueError as error:
         raise BadRequest(f"{where}: {raw!r} is not an RFC 3339 timestamp") from error
+
+
+def _mapping(obj: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    """`obj[key]` when it is an object (empty when absent); BadRequest naming it otherwise."""
+    value = obj.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise BadRequest(f"{where}: {key} must be an object")
+    return value

@@ -21,10 +21,16 @@ SCHEDULER_NAME = "kdrl-scheduler"
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
-def review(body: Mapping[str, Any]) -> dict[str, Any]:
+def review(body: Any) -> dict[str, Any]:
     """The AdmissionReview answering `body`; BadRequest when it is not one."""
-    request = body.get("request")
-    if body.get("kind") != "AdmissionReview" or not isinstance(request, Mapping) or not request.get("uid"):
+    request = body.get("request") if isinstance(body, Mapping) else None
+    if (
+        not isinstance(body, Mapping)
+        or body.get("kind") != "AdmissionReview"
+        or not isinstance(request, Mapping)
+        or not isinstance(request.get("uid"), str)
+        or not request["uid"]
+    ):
         raise BadRequest("expected an admission.k8s.io/v1 AdmissionReview with request.uid")
     response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
     patch = _patch(request.get("object"))
@@ -37,9 +43,10 @@ def review(body: Mapping[str, Any]) -> dict[str, Any]:
 def _patch(pod: Any) -> list[dict[str, str]]:
     if not isinstance(pod, Mapping) or pod.get("kind") != "Pod":
         return []
-    labels = (pod.get("metadata") or {}).get("labels") or {}
+    metadata = pod.get("metadata") or {}
+    labels = (metadata.get("labels") or {}) if isinstance(metadata, Mapping) else {}
     spec = pod.get("spec") or {}
-    if SERVICE_LABEL not in labels or not isinstance(spec, Mapping):
+    if not isinstance(labels, Mapping) or SERVICE_LABEL not in labels or not isinstance(spec, Mapping):
         return []  # not a Knative Service's pod
     current = spec.get("schedulerName")
     if current not in (None, "", DEFAULT_SCHEDULER):

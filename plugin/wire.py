@@ -84,6 +84,8 @@ def decode(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
         raise BadRequest(f"request body is not valid JSON: {error}") from error
+    except RecursionError:  # nesting no Kubernetes object has, deep enough to exhaust the stack
+        raise BadRequest("request body is nested too deeply") from None
 
 
 def parse_extender_args(document: Any) -> ExtenderArgs:
@@ -102,9 +104,12 @@ def parse_extender_args(document: Any) -> ExtenderArgs:
 def _node_list(nodes: Any) -> NodeList:
     if not isinstance(nodes, dict) or not isinstance(nodes.get("items", []), list):
         raise BadRequest("ExtenderArgs.Nodes: expected a NodeList with an items list")
+    if not isinstance(nodes.get("metadata") or {}, dict):
+        raise BadRequest("ExtenderArgs.Nodes.metadata: expected an object")
     items = nodes.get("items") or []
     for i, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance((item.get("metadata") or {}).get("name"), str):
+        metadata = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
             raise BadRequest(f"ExtenderArgs.Nodes.items[{i}]: expected a Node with metadata.name")
     return NodeList(metadata=nodes.get("metadata") or {}, items=items)
 

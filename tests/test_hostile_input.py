@@ -1,0 +1,238 @@
+"""The malformed inputs an outside attack found answering 500 (issue 19): each now gets a 4xx
+that names what is wrong, and the service keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import sqlite3
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from cloudevents.core.bindings.http import to_binary_event
+
+from bench import extender as extender_bench
+from bench import synthetic
+from forecaster.history import Count, Effect, HistoryStore, MinuteCounts
+from plugin.events import INVOCATIONS, EventSink
+from tests.conftest import EXAMPLES
+from tests.test_events import event
+
+Client = TestClient[web.Request, web.Application]
+POD = synthetic.knative_pod("p", service="s", namespace="shop", uid="u1")
+NAMES = ["roomy", "full", "gpu"]
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def with_cpu(value: str) -> dict[str, Any]:
+    pod = json.loads(json.dumps(POD))
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = value
+    return pod
+
+
+def huge_image_node() -> dict[str, Any]:
+    node = synthetic.node("n", cpu="4", memory="8Gi")
+    node["status"]["images"] = [{"names": ["registry.example.com/a:1"], "sizeBytes": 2**63}]
+    return node
+
+
+CASES: list[tuple[str, str, bytes, dict[str, str]]] = [
+    ("deep nesting", "/scheduler/filter", nested(5000).encode(), {}),
+    ("deep nesting, prioritize", "/scheduler/prioritize", ('{"Pod":' + nested(3000) + "}").encode(), {}),
+    (
+        "cpu 1e1000000",
+        "/scheduler/filter",
+        json.dumps({"Pod": with_cpu("1e1000000"), "NodeNames": NAMES}).encode(),
+        {},
+    ),
+    (
+        "sizeBytes 2^63",
+        "/scheduler/prioritize",
+        json.dumps({"Pod": POD, "Nodes": {"metadata": {}, "items": [huge_image_node()]}}).encode(),
+        {},
+    ),
+    (
+        "Nodes.items not a list",
+        "/scheduler/filter",
+        json.dumps({"Pod": POD, "Nodes": {"items": 5}}).encode(),
+        {},
+    ),
+    (
+        "Nodes.items[] not objects",
+        "/scheduler/filter",
+        json.dumps({"Pod": POD, "Nodes": {"items": [1, "x"]}}).encode(),
+        {},
+    ),
+    (
+        "Nodes.metadata a string",
+        "/scheduler/filter",
+        json.dumps({"Pod": POD, "Nodes": {"metadata": "x", "items": []}}).encode(),
+        {},
+    ),
+    (
+        "node metadata a list",
+        "/scheduler/filter",
+        json.dumps({"Pod": POD, "Nodes": {"items": [{"metadata": []}]}}).encode(),
+        {},
+    ),
+    ("mutate-pods []", "/mutate-pods", b"[]", {}),
+    ("mutate-pods request a string", "/mutate-pods", json.dumps({"request": "x"}).encode(), {}),
+    (
+        "mutate-pods object a list",
+        "/mutate-pods",
+        json.dumps({"request": {"uid": "1", "object": []}}).encode(),
+        {},
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "path", "body", "headers"), CASES, ids=[c[0] for c in CASES])
+async def test_malformed_bodies_get_4xx(
+    offline_client: Client, case: str, path: str, body: bytes, headers: dict[str, str]
+) -> None:
+    response = await offline_client.post(
+        path, data=body, headers={"Content-Type": "application/json", **headers}
+    )
+    assert 400 <= response.status < 500, (case, response.status, await response.text())
+    assert (await offline_client.get("/healthz")).status == 200
+
+
+def apiserver_event(data: Any, type_: str = "dev.knative.apiserver.resource.update") -> dict[str, str]:
+    return {
+        "ce-specversion": "1.0",
+        "ce-id": "x1",
+        "ce-source": "/apis/v1/namespaces/shop",
+        "ce-type": type_,
+        "Content-Type": "application/json",
+    }
+
+
+EVENT_DATA = [
+    ("pod metadata a list", {"kind": "Pod", "metadata": ["x"]}),
+    ("pod labels a string", {"kind": "Pod", "metadata": {"namespace": "shop", "labels": "x"}}),
+    (
+        "conditions not a list",
+        {
+            "kind": "Pod",
+            "metadata": {"namespace": "shop", "labels": {"serving.knative.dev/service": "s"}},
+            "status": {"conditions": 5},
+        },
+    ),
+    (
+        "status a string",
+        {
+            "kind": "Pod",
+            "metadata": {"namespace": "shop", "labels": {"serving.knative.dev/service": "s"}},
+            "status": "x",
+        },
+    ),
+    (
+        "namespace a number",
+        {"kind": "Pod", "metadata": {"namespace": 5, "labels": {"serving.knative.dev/service": "s"}}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "data"), EVENT_DATA, ids=[c[0] for c in EVENT_DATA])
+async def test_events_of_the_wrong_shape_get_400(offline_client: Client, case: str, data: Any) -> None:
+    response = await offline_client.post("/events", data=json.dumps(data), headers=apiserver_event(data))
+    assert response.status == 400, (case, response.status, await response.text())
+
+
+@pytest.mark.parametrize("hours", ["nan", "inf", "-inf", "1e400", "x"])
+async def test_hours_must_be_a_finite_number(offline_client: Client, hours: str) -> None:
+    now = datetime.now(UTC).isoformat()
+    message = to_binary_event(event({"function": "shop/s", "start": now, "seconds": 60, "count": 1}))
+    assert (await offline_client.post("/events", data=message.body, headers=message.headers)).status == 202
+    assert (await offline_client.get("/debug/functions/shop/s?hours=2")).status == 200
+    response = await offline_client.get(f"/debug/functions/shop/s?hours={hours}")
+    assert response.status == 400, await response.text()
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [(b'{"Pod": {}}', 400), (gzip.compress(json.dumps({"Pod": POD, "NodeNames": NAMES}).encode()), 200)],
+    ids=["plain body said to be gzip", "real gzip"],
+)
+def test_content_encoding_is_honoured_or_refused(body: bytes, status: int) -> None:
+    """Over a real socket (`kdrl serve`): aiohttp closes the connection after a body it cannot
+    decode, which the in-process test client reports as a disconnect instead of the 400."""
+    server, port, _ = extender_bench.serve_offline(EXAMPLES / "nodes.json", EXAMPLES / "pods.json")
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/scheduler/filter",
+            data=body,
+            headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                answered = response.status
+        except urllib.error.HTTPError as error:
+            answered = error.code
+            assert "could not be read" in error.read().decode()
+        assert answered == status
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+class RefusingStore(HistoryStore):
+    """A database that refuses any transaction holding `shop/poison` (as SQLite refused a
+    lone surrogate before names were validated)."""
+
+    def record(self, batches: Sequence[tuple[tuple[str, str] | None, Effect]], now: float) -> list[bool]:
+        if any(c.function == "shop/poison" for _, effect in batches for c in effect.counts):
+            raise sqlite3.OperationalError("refused")
+        return super().record(batches, now)
+
+
+async def test_a_poison_request_fails_alone_in_its_group_commit(tmp_path: Path) -> None:
+    sink = EventSink(store=RefusingStore(tmp_path / "h.db"), counts=MinuteCounts(), clock=lambda: 60_000.0)
+    runner = asyncio.create_task(sink.run())
+
+    async def send(i: int) -> bool | Exception:
+        function = "shop/poison" if i == 7 else "shop/cart"
+        try:
+            return (await sink.commit([(("src", f"e{i}"), Effect(counts=[Count(function, 1000, 1)]))]))[0]
+        except Exception as error:
+            return error
+
+    answers = await asyncio.gather(*(send(i) for i in range(50)))  # queued together: one group
+    runner.cancel()
+    await sink.close()
+    assert isinstance(answers[7], sqlite3.OperationalError)
+    assert [a for i, a in enumerate(answers) if i != 7] == [True] * 49
+    assert sink.counts.series("shop/cart", 1001, 1).tolist() == [49]
+    assert "shop/poison" not in sink.counts.functions
+
+
+@pytest.mark.parametrize(
+    "function", ["a/\ud800", "shop/<img src=x>", "Shop/Cart", "shop/" + "x" * 64, "shop", "a/b/c"]
+)
+async def test_an_invalid_function_name_is_refused_alone(offline_client: Client, function: str) -> None:
+    now = datetime.now(UTC).isoformat()
+    report = {"function": function, "start": now, "seconds": 60, "count": 1}
+    body = json.dumps({"specversion": "1.0", "id": "p1", "source": "/a", "type": INVOCATIONS, "data": report})
+    headers = {"Content-Type": "application/cloudevents+json"}
+    response = await offline_client.post("/events", data=body.encode(), headers=headers)
+    assert response.status == 400 and "Kubernetes names" in (await response.json())["Error"]
+
+
+async def test_an_event_id_that_is_not_utf8_is_refused(offline_client: Client) -> None:
+    body = json.dumps(
+        {"specversion": "1.0", "id": "\udcff", "source": "/a", "type": "com.example.x", "data": {}}
+    )
+    headers = {"Content-Type": "application/cloudevents+json"}
+    response = await offline_client.post("/events", data=body.encode(), headers=headers)
+    assert response.status == 400 and "UTF-8" in (await response.json())["Error"]
