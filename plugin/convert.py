@@ -31,6 +31,7 @@ from policies.types import (
 
 logger = logging.getLogger(__name__)
 
+SCHEDULER_NAME = "kdrl-scheduler"  # the second kube-scheduler the install runs (knative/base)
 SERVICE_LABEL = "serving.knative.dev/service"
 CONFIGURATION_LABEL = "serving.knative.dev/configuration"
 REVISION_LABEL = "serving.knative.dev/revision"
@@ -195,7 +196,9 @@ def _pod_resources(spec: Json) -> _Requests:
 
     Containers add up; a regular init container runs alone, so it counts by max, together
     with the restartable (sidecar) init containers started before it; sidecars also run
-    beside the containers. Pod overhead (RuntimeClass) is added on top.
+    beside the containers. Pod-level requests (`spec.resources`, PodLevelResources: cpu and
+    memory) replace that sum where set, for fitting and scoring alike; other resources still
+    come from the containers. Pod overhead (RuntimeClass) is added on top.
     """
     sidecars = init_peak = _Requests()
     for i, container in enumerate(_list(spec, "initContainers", "pod.spec")):
@@ -208,7 +211,7 @@ def _pod_resources(spec: Json) -> _Requests:
     for i, container in enumerate(_list(spec, "containers", "pod.spec")):
         containers += _container_requests(container, f"pod.spec.containers[{i}]")
     overhead = _resource_triple(_mapping(spec, "overhead", "pod.spec"), "pod.spec.overhead")
-    total = (containers + sidecars).max(init_peak) + _Requests(*overhead, *overhead[:2])
+    total = _pod_level((containers + sidecars).max(init_peak), spec) + _Requests(*overhead, *overhead[:2])
     for value, limit, what in (
         (total.cpu, MAX_CPU_MILLI, "cpu"),
         (total.memory, MAX_MEMORY_BYTES, "memory"),
@@ -217,6 +220,25 @@ def _pod_resources(spec: Json) -> _Requests:
         if value > limit:
             raise ObjectError("pod.spec", f"total {what} request {value} exceeds any real node ({limit})")
     return total
+
+
+def _pod_level(aggregated: _Requests, spec: Json) -> _Requests:
+    """`aggregated` with the pod-level cpu and memory requests put in where the pod sets them
+    (requests default to limits, as the API server defaults them)."""
+    resources = _mapping(spec, "resources", "pod.spec")
+    limits = _mapping(resources, "limits", "pod.spec.resources")
+    given = _mapping(resources, "requests", "pod.spec.resources")
+    requests = {r: given.get(r, limits.get(r)) for r in ("cpu", "memory") if r in given or r in limits}
+    if not requests:
+        return aggregated
+    cpu, memory, _ = _resource_triple(requests, "pod.spec.resources.requests")
+    return _Requests(
+        cpu=cpu if "cpu" in requests else aggregated.cpu,
+        memory=memory if "memory" in requests else aggregated.memory,
+        gpu=aggregated.gpu,  # not a pod-level resource: the containers' own
+        cpu_nz=cpu if "cpu" in requests else aggregated.cpu_nz,
+        memory_nz=memory if "memory" in requests else aggregated.memory_nz,
+    )
 
 
 def _container_requests(container: object, path: str) -> _Requests:

@@ -37,6 +37,10 @@ REASONS = 5  # filter reasons kept per decision, as examples
 
 
 class Binder(Protocol):
+    async def pod(self, *, namespace: str, name: str) -> dict[str, object] | None:
+        """The pod as the API server has it now (None where there is none to ask); raises
+        `KubeApiError`."""
+
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind or raise `KubeApiError`."""
 
@@ -46,6 +50,9 @@ class KubeBinder:
     api: ApiClient
     timeout_s: float
 
+    async def pod(self, *, namespace: str, name: str) -> dict[str, object] | None:
+        return await kube.get_pod(self.api, namespace=namespace, name=name, timeout_s=self.timeout_s)
+
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         await kube.bind_pod(
             self.api, namespace=namespace, name=name, uid=uid, node=node, timeout_s=self.timeout_s
@@ -53,7 +60,11 @@ class KubeBinder:
 
 
 class OfflineBinder:
-    """Offline mode has no API server: binding only updates the in-memory cluster."""
+    """Offline mode has no API server: binding only updates the in-memory cluster, for pods the
+    extender has seen (there is no authority to ask who schedules them)."""
+
+    async def pod(self, *, namespace: str, name: str) -> dict[str, object] | None:
+        return None
 
     async def bind(self, *, namespace: str, name: str, uid: str, node: str) -> None:
         logger.debug("offline mode: %s/%s bound to %s in memory only", namespace, name, node)
@@ -210,7 +221,10 @@ class Extender:
                     **self._policy_attributes,
                 }
             )
-            pod = self._recent.get(uid)
+            try:
+                pod, refusal = await self._bindable(namespace, name, uid, node)
+            except KubeApiError as error:
+                pod, refusal = None, f"cannot read pod {namespace}/{name}: {error}"
             decision = None
             if pod is not None:
                 span.set_attributes(
@@ -218,6 +232,11 @@ class Extender:
                 )
                 decision = self._decision(pod, span)
                 decision.bound_node = node
+            if refusal:
+                span.set_status(trace.StatusCode.ERROR, refusal)
+                logger.warning("bind refused: %s", refusal)
+                self._bound(decision, "bind_refused", refusal)
+                return wire.ExtenderBindingResult(Error=refusal)
             try:
                 await self._binder.bind(namespace=namespace, name=name, uid=uid, node=node)
             except KubeApiError as error:
@@ -235,6 +254,41 @@ class Extender:
                 self.cache.assume(uid, node, pod)
             self._bound(decision, "bound", "")
             return wire.ExtenderBindingResult(Error="")
+
+    async def _bindable(
+        self, namespace: str, name: str, uid: str, node: str
+    ) -> tuple[PodRequest | None, str]:
+        """The pod to bind and why not, if not: only pods whose `schedulerName` is the plugin's
+        scheduler, as the API server has them now (not as a request claims), and only to a node
+        the filter passes for them now. Offline, the pod the extender saw stands in."""
+        obj = await self._binder.pod(namespace=namespace, name=name)
+        if obj is None:
+            pod = self._recent.get(uid)
+        else:
+            spec = obj.get("spec")
+            meta = obj.get("metadata")
+            scheduler = spec.get("schedulerName") if isinstance(spec, dict) else None
+            if scheduler != convert.SCHEDULER_NAME:
+                return None, (
+                    f"pod {namespace}/{name} is scheduled by {scheduler or 'default-scheduler'!r}, "
+                    f"not {convert.SCHEDULER_NAME!r}: kdrl binds only its own pods"
+                )
+            if uid and isinstance(meta, dict) and meta.get("uid") != uid:
+                return None, f"pod {namespace}/{name} has another uid than {uid!r} (it was replaced)"
+            try:
+                pod = convert.pod_request(obj)
+            except ObjectError as error:
+                return None, f"pod {namespace}/{name}: {error}"
+        if pod is None:
+            return None, ""  # offline and unseen: nothing to check against (no API server either)
+        table = self.cache.snapshot.nodes
+        (row,) = table.rows([node])
+        if row is None:
+            return pod, f"node {node} is unknown to the kdrl cache"
+        verdicts = filtering.filter_nodes(pod, table.take([row]))
+        if not verdicts.feasible[0]:
+            return pod, f"node {node} does not pass the filter for {namespace}/{name}: {verdicts.reason(0)}"
+        return pod, ""
 
     def _bound(self, decision: Decision | None, outcome: str, error: str) -> None:
         metrics.decisions.add(1, {**self._labels, "kdrl.outcome": outcome})

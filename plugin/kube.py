@@ -152,6 +152,16 @@ async def watch_objects(
         await stream.close()
 
 
+@api_call("", "pods", "get")
+async def get_pod(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
+    """A pod as the API server has it now (bind checks who schedules it before binding)."""
+    core = client.CoreV1Api(api)
+    return await _read(
+        core.read_namespaced_pod_without_preload_content(name, namespace, _request_timeout=timeout_s),
+        f"get pod {namespace}/{name}",
+    )
+
+
 @api_call("", "pods/binding", "create")
 async def bind_pod(
     api: client.ApiClient, *, namespace: str, name: str, uid: str, node: str, timeout_s: float

@@ -88,7 +88,15 @@ http_duration = meter.create_histogram(
 
 # The extender.
 EXTENDER_VERBS = ("filter", "prioritize", "bind")
-DECISION_OUTCOMES = ("scored", "all_filtered", "fallback", "bound", "bind_conflict", "bind_error")
+DECISION_OUTCOMES = (
+    "scored",
+    "all_filtered",
+    "fallback",
+    "bound",
+    "bind_refused",
+    "bind_conflict",
+    "bind_error",
+)
 decisions = Tally(
     "kdrl.extender.decisions",
     description="Extender answers by policy and outcome (scored, all filtered, fallback, bind results)",

@@ -14,10 +14,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from plugin.convert import SERVICE_LABEL
+from plugin.convert import SCHEDULER_NAME, SERVICE_LABEL
 from plugin.errors import BadRequest
 
-SCHEDULER_NAME = "kdrl-scheduler"
 DEFAULT_SCHEDULER = "default-scheduler"
 
 

@@ -1,8 +1,10 @@
 """The learned placement policy, served with ONNX Runtime (CUDA when it really works, else CPU).
 
 `load` returns a `LoadedPolicy`: the policy, the execution provider in use, and, when the model
-is missing, corrupt or built for another feature schema, `kube-default` in its place with the
-reason (`degraded`), so the extender keeps serving and says why in `/readyz` and its spans.
+is missing, corrupt, built for another feature schema or fails a probe inference (inputs or
+outputs that do not match), `kube-default` in its place with the reason (`degraded`), so the
+extender keeps serving and says why in `/readyz` and its spans. A request the model fails on
+later is scored by kube-default, that request only.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import onnxruntime as ort
 
 from policies import features, heuristics
 from policies.placement import PlacementPolicy
-from policies.types import FloatArray, NodeTable, PodRequest
+from policies.types import FloatArray, Node, NodeTable, PodRequest
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ class OnnxPolicy:
     def __init__(self, session: ort.InferenceSession, metadata: dict[str, str]) -> None:
         self.session, self.metadata = session, metadata
         self.provider: str = session.get_providers()[0]
+        self._stand_in = heuristics.kube_default()  # for a request the model fails on
+        self.failures = 0  # requests scored by the stand-in
 
     @classmethod
     def open(cls, path: Path, *, device: str = "auto", threads: int = 1) -> OnnxPolicy:
@@ -75,7 +79,11 @@ class OnnxPolicy:
         names = tuple(i.name for i in session.get_inputs())
         if names != INPUTS:
             raise ModelError(f"{path}: inputs {names}, expected {INPUTS}")
+        outputs = tuple(o.name for o in session.get_outputs())
+        if OUTPUT not in outputs:
+            raise ModelError(f"{path}: outputs {outputs}, expected {OUTPUT!r}")
         policy = cls(session, metadata)
+        policy.probe(path)
         if CUDA in wanted and policy.provider != CUDA:
             log.log(
                 logging.WARNING if device == "cuda" else logging.INFO,
@@ -84,14 +92,39 @@ class OnnxPolicy:
             )
         return policy
 
+    def probe(self, path: Path) -> None:
+        """One inference on a made-up pod and three nodes: a model whose shapes or types do
+        not match the schema fails here, at load, not on the first pod."""
+        nodes = NodeTable.from_nodes(
+            [Node(name=f"probe-{i}", cpu_allocatable=4000, memory_allocatable=16 << 30) for i in range(3)]
+        )
+        pod = PodRequest(namespace="kdrl-probe", name="probe", cpu_milli=250, memory_bytes=256 << 20)
+        try:
+            logits = self._logits(pod, nodes)
+        except Exception as error:  # onnxruntime's own exception types
+            raise ModelError(f"{path}: inference fails on a probe pod ({error})") from error
+        if logits.shape != (3,):
+            raise ModelError(f"{path}: {OUTPUT} has shape {logits.shape} for 3 nodes, expected (3,)")
+
     def score(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
         if len(nodes) == 0:
             return np.zeros(0)
+        try:
+            logits = self._logits(pod, nodes)
+            if logits.shape != (len(nodes),):
+                raise ValueError(f"{OUTPUT} has shape {logits.shape} for {len(nodes)} nodes")
+        except Exception as error:  # this request is scored by kube-default; the next tries again
+            self.failures += 1
+            log.warning("ONNX inference failed for %s (%s); kube-default scores it", pod.key, error)
+            return self._stand_in.score(pod, nodes)
+        return np.nan_to_num(logits, nan=-1e9, posinf=1e9, neginf=-1e9)
+
+    def _logits(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
         observation = features.encode(pod, nodes)
         (logits,) = self.session.run(
             [OUTPUT], {"nodes": observation.nodes, "pod": observation.pod, "cluster": observation.cluster}
         )
-        return np.nan_to_num(np.asarray(logits, dtype=np.float64), nan=-1e9, posinf=1e9, neginf=-1e9)
+        return np.asarray(logits, dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True)

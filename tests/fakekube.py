@@ -105,6 +105,7 @@ class FakeKube:
         app.router.add_post("/api/v1/namespaces/{namespace}/pods", self._create("pods"))
         app.router.add_post("/api/v1/namespaces/{namespace}/events", self._create("events"))
         app.router.add_delete("/api/v1/namespaces/{namespace}/pods/{name}", self._delete("pods"))
+        app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", self._get("pods"))
         serving = "/apis/serving.knative.dev/v1/namespaces/{namespace}"
         app.router.add_get(serving + "/services/{name}", self._get("services"))
         app.router.add_get(serving + "/revisions/{name}", self._get("revisions"))

@@ -77,3 +77,40 @@ async def test_bind_while_the_api_is_unreachable(aiohttp_client: Any) -> None:
     assert response.status == 200
     assert "failed" in (await response.json())["Error"]
     assert (await client.get("/healthz")).status == 200
+
+
+async def test_only_the_plugins_pods_are_bound_and_only_where_the_filter_passes(
+    aiohttp_client: Any, fake_kube: tuple[FakeKube, str]
+) -> None:
+    """The attack of issue 19: bind a default-scheduler pod in kube-system to a tainted
+    control-plane node. Refused, and so are a node the pod does not fit and an unknown node."""
+    fake, url = fake_kube
+    await seed(fake)
+    control_plane = synthetic.node(
+        "cp-1",
+        cpu="4",
+        memory="8Gi",
+        taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+    )
+    await fake.add("nodes", control_plane)
+    victim = synthetic.knative_pod("victim", service="s", namespace="kube-system", uid="v1")
+    victim["spec"]["schedulerName"] = "default-scheduler"
+    await fake.add("pods", victim)
+    await fake.add("pods", synthetic.knative_pod("huge", service="s", cpu="6", uid="h1"))
+    client = await watching_client(aiohttp_client, url)
+    await eventually(lambda: asyncio.sleep(0, len(client.app[CACHE].snapshot.nodes) == 3))
+
+    async def bind(args: dict[str, str]) -> str:
+        response = await client.post("/scheduler/bind", json=args)
+        assert response.status == 200
+        return str((await response.json())["Error"])
+
+    foreign = {"PodName": "victim", "PodNamespace": "kube-system", "PodUID": "v1", "Node": "cp-1"}
+    assert "'default-scheduler', not 'kdrl-scheduler'" in await bind(foreign)
+    assert "does not pass the filter" in await bind(binding("pending", "cp-1"))  # the taint
+    assert "insufficient cpu" in await bind(binding("huge", "a", uid="h1"))
+    assert "unknown to the kdrl cache" in await bind(binding("pending", "nowhere"))
+    assert "another uid" in await bind(binding("pending", "a", uid="someone-else"))
+    assert fake.bindings == []  # nothing reached the API server
+    assert await bind(binding("pending", "b")) == ""  # the plugin's own pod, on a node that fits
+    assert len(fake.bindings) == 1

@@ -65,6 +65,27 @@ def test_scoring_defaults_apply_only_to_missing_requests() -> None:
     assert pod.memory_bytes_nonzero == convert.DEFAULT_MEMORY_BYTES + 64 * MiB
 
 
+def test_pod_level_requests_replace_the_containers_sum() -> None:
+    """The examples of "Assign Pod-level CPU and memory resources" (kubernetes.io) and KEP-2837."""
+    both = {"requests": {"cpu": "1", "memory": "100Mi"}, "limits": {"cpu": "1", "memory": "200Mi"}}
+    bare = convert.pod_request(pod_with({"resources": both, "containers": [container(), container()]}))
+    assert (bare.cpu_milli, bare.memory_bytes) == (1000, 100 * MiB)  # containers that request nothing
+    assert (bare.cpu_milli_nonzero, bare.memory_bytes_nonzero) == (1000, 100 * MiB)  # no scoring defaults
+    some = {
+        "resources": both,
+        "containers": [container("500m", "50Mi"), container()],
+        "overhead": {"cpu": "10m"},
+    }
+    pod = convert.pod_request(pod_with(some))
+    assert (pod.cpu_milli, pod.memory_bytes) == (1010, 100 * MiB)  # pod level, plus the overhead
+    limits_only = {"resources": {"limits": {"memory": "1Gi"}}, "containers": [container("2", "64Mi")]}
+    defaulted = convert.pod_request(pod_with(limits_only))
+    assert (defaulted.cpu_milli, defaulted.memory_bytes) == (2000, 1024 * MiB)  # memory request = limit
+    gpus = {"resources": {"requests": {"cpu": "1"}}, "containers": [container()]}
+    gpus["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1"
+    assert convert.pod_request(pod_with(gpus)).gpu == 1  # not a pod-level resource: the containers'
+
+
 def test_limits_stand_in_for_missing_requests() -> None:
     spec = {
         "containers": [

@@ -9,11 +9,13 @@ import json
 import sqlite3
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
@@ -23,6 +25,8 @@ from bench import extender as extender_bench
 from bench import synthetic
 from forecaster.history import Count, Effect, HistoryStore, MinuteCounts
 from plugin.events import INVOCATIONS, EventSink
+from policies import heuristics, onnx_policy
+from policies.types import Node, NodeTable, PodRequest
 from tests.conftest import EXAMPLES
 from tests.test_events import event
 
@@ -236,3 +240,58 @@ async def test_an_event_id_that_is_not_utf8_is_refused(offline_client: Client) -
     headers = {"Content-Type": "application/cloudevents+json"}
     response = await offline_client.post("/events", data=body.encode(), headers=headers)
     assert response.status == 400 and "UTF-8" in (await response.json())["Error"]
+
+
+def shipped_with(change: Callable[[onnx.ModelProto], None], path: Path) -> Path:
+    model = onnx.load(str(onnx_policy.DEFAULT_MODEL))
+    change(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def rename_output(model: onnx.ModelProto) -> None:
+    old = model.graph.output[0].name
+    model.graph.output[0].name = "scores"
+    for node in model.graph.node:
+        node.output[:] = ["scores" if name == old else name for name in node.output]
+
+
+def sum_everything(model: onnx.ModelProto) -> None:
+    """The right names, the wrong shape: one number for all nodes."""
+    graph = model.graph
+    graph.output[0].name = "unused"
+    for node in graph.node:
+        node.output[:] = ["unused" if name == onnx_policy.OUTPUT else name for name in node.output]
+    graph.node.append(onnx.helper.make_node("ReduceSum", ["nodes"], [onnx_policy.OUTPUT], keepdims=0))
+    graph.output[0].CopyFrom(
+        onnx.helper.make_tensor_value_info(onnx_policy.OUTPUT, onnx.TensorProto.FLOAT, [])
+    )
+
+
+@pytest.mark.parametrize(("change", "says"), [(rename_output, "outputs"), (sum_everything, "shape")])
+def test_a_model_that_does_not_match_the_schema_falls_back_at_load(
+    tmp_path: Path, change: Callable[[onnx.ModelProto], None], says: str
+) -> None:
+    loaded = onnx_policy.load(shipped_with(change, tmp_path / "bad.onnx"), device="cpu")
+    assert loaded.policy.name == "kube-default" and says in loaded.degraded, loaded.degraded
+
+
+def test_an_inference_error_falls_back_for_that_request_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = onnx_policy.load(device="cpu")
+    policy = loaded.policy
+    assert isinstance(policy, onnx_policy.OnnxPolicy)
+    nodes = NodeTable.from_nodes(
+        [Node(name=f"n{i}", cpu_allocatable=4000, memory_allocatable=8 << 30) for i in range(4)]
+    )
+    pod = PodRequest(namespace="shop", name="p", cpu_milli=100, memory_bytes=1 << 28)
+    learned = policy.score(pod, nodes)
+    real_run = policy.session.run
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(policy.session, "run", broken)
+    fallback = policy.score(pod, nodes)
+    assert np.array_equal(fallback, heuristics.kube_default().score(pod, nodes)) and policy.failures == 1
+    monkeypatch.setattr(policy.session, "run", real_run)
+    assert np.array_equal(policy.score(pod, nodes), learned)  # the next request is the model's again

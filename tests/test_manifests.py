@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from plugin import app, kube, settings
+from prewarm import prepull
 
 KNATIVE = Path(__file__).resolve().parent.parent / "knative"
 BASE = KNATIVE / "base"
@@ -147,6 +148,35 @@ def test_images_are_pinned_and_the_containers_locked_down() -> None:
             assert context["readOnlyRootFilesystem"] and context["capabilities"]["drop"] == ["ALL"]
             assert not context["allowPrivilegeEscalation"]
             assert container["resources"]["requests"] and container["resources"]["limits"]
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What Pod Security "restricted" would refuse in a pod spec (the checks our pods touch)."""
+    found = []
+    context = pod.get("securityContext") or {}
+    if (context.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        found.append("seccompProfile")
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        own = container.get("securityContext") or {}
+        if not (own.get("runAsNonRoot") or context.get("runAsNonRoot")):
+            found.append(f"{container['name']}: runAsNonRoot")
+        if own.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{container['name']}: allowPrivilegeEscalation")
+        if (own.get("capabilities") or {}).get("drop") != ["ALL"]:
+            found.append(f"{container['name']}: capabilities")
+    return found
+
+
+def test_the_namespace_enforces_pod_security_restricted_and_every_pod_meets_it() -> None:
+    labels = find("Namespace", "kdrl-system")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = [d["spec"]["template"]["spec"] for d in documents() if d["kind"] in ("Deployment", "StatefulSet")]
+    pods.append(
+        prepull.pod(prepull.Target("node-a", "registry.example.com/app:1"), namespace="kdrl-system")["spec"]
+    )
+    assert len(pods) == 3
+    for pod in pods:
+        assert restricted_violations(pod) == []
 
 
 def granted() -> set[Grant]:
