@@ -1,4 +1,8 @@
-"""Logging to stderr, as plain lines or one JSON object per line (for log pipelines)."""
+"""Logging to stderr, as plain lines or one JSON object per line (for log pipelines).
+
+Messages carry names from requests (pods, functions, event types); in plain lines their
+control characters are escaped, so a pod named "x\nERROR forged" cannot forge a line. JSON
+escapes them by construction."""
 
 from __future__ import annotations
 
@@ -20,12 +24,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+# C0 controls and DEL, each as a visible escape; a tab stays a tab.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if c != 0x09} | {0x0A: "\\n", 0x0D: "\\r"}
+
+
+class PlainFormatter(logging.Formatter):
+    """`time LEVEL logger: message`, one line per record (tracebacks follow on their own lines)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_CONTROLS)
+        return super().formatMessage(record)
+
+
 def setup(*, level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(PlainFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import sqlite3
 import urllib.error
 import urllib.request
@@ -24,6 +25,7 @@ from cloudevents.core.bindings.http import to_binary_event
 from bench import extender as extender_bench
 from bench import synthetic
 from forecaster.history import Count, Effect, HistoryStore, MinuteCounts
+from plugin import logs
 from plugin.events import INVOCATIONS, EventSink
 from policies import heuristics, onnx_policy
 from policies.types import Node, NodeTable, PodRequest
@@ -295,3 +297,12 @@ def test_an_inference_error_falls_back_for_that_request_only(monkeypatch: pytest
     assert np.array_equal(fallback, heuristics.kube_default().score(pod, nodes)) and policy.failures == 1
     monkeypatch.setattr(policy.session, "run", real_run)
     assert np.array_equal(policy.score(pod, nodes), learned)  # the next request is the model's again
+
+
+def test_a_name_with_a_newline_cannot_forge_a_log_line() -> None:
+    record = logging.LogRecord(
+        "plugin.extender", logging.WARNING, __file__, 1, "bind refused: %s", ("x\nERROR forged\r",), None
+    )
+    plain = logs.PlainFormatter().format(record)
+    assert "\n" not in plain and plain.endswith("bind refused: x\\nERROR forged\\r")
+    assert "\n" not in logs.JsonFormatter().format(record)
