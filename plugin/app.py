@@ -27,7 +27,7 @@ from kubernetes.aio.client import ApiClient
 from forecaster import history
 from forecaster.forecasting import Forecaster
 from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
-from plugin import events, informer, kube, metrics, objectfiles, webhook, wire
+from plugin import audiences, events, informer, kube, metrics, objectfiles, webhook, wire
 from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
 from plugin.decisions import RECENT, DecisionLog
@@ -38,7 +38,7 @@ from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
 from plugin.forecasts import ForecastLoop
 from plugin.functions import FunctionCatalog
 from plugin.informer import WatchSettings
-from plugin.keys import CACHE, EVENTS, EXTENDER, FORECASTS, PREWARM, SETTINGS
+from plugin.keys import AUDIENCES, CACHE, EVENTS, EXTENDER, FORECASTS, PREWARM, SETTINGS
 from plugin.leader import LeaderElector
 from plugin.prewarm_loop import PrewarmLoop
 from plugin.prewarming import Prepuller, RevisionActuator
@@ -57,7 +57,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web.Application:
     """The service. Offline when `settings.kube.nodes_file` is set; else it watches `api`
     (or a client made from the settings), which it closes on cleanup."""
-    app = web.Application(client_max_size=settings.server.max_body_bytes, middlewares=[_measured, _errors])
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes, middlewares=[_audience, _measured, _errors]
+    )
     binder: Binder
     if settings.offline:
         assert settings.kube.nodes_file is not None
@@ -394,6 +396,17 @@ async def _readyz(request: web.Request) -> web.Response:
     if detail["degraded"]:
         detail["status"] = "degraded"  # still ready: the fallback policy serves
     return web.json_response(detail, status=200 if snapshot.synced else 503)
+
+
+@web.middleware
+async def _audience(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """404 for a route that is not this port's audience's (`audiences`): a caller admitted to
+    one port reaches nothing else through it."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    port = sockname[1] if isinstance(sockname, tuple) and len(sockname) >= 2 else None
+    if not audiences.allowed(request.app.get(AUDIENCES), port, request.path):
+        return web.json_response({"Error": f"{request.path} is not served on this port"}, status=404)
+    return await handler(request)
 
 
 @web.middleware

@@ -26,9 +26,21 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from plugin import app, cleanup, convert, kube, learning_cli, logs, objectfiles, settings, telemetry
+from plugin import (
+    app,
+    audiences,
+    cleanup,
+    convert,
+    kube,
+    learning_cli,
+    logs,
+    objectfiles,
+    settings,
+    telemetry,
+)
 from plugin.cluster import ClusterCache
 from plugin.errors import KdrlError, SettingsError
+from plugin.keys import AUDIENCES
 from policies import ranking, registry
 from simulator import clusterspec, compare, htmlreport, plots, report, traces
 
@@ -151,10 +163,19 @@ def _serve(args: argparse.Namespace) -> int:
 async def _serve_until_stopped(config: settings.Settings) -> None:
     """HTTP on KDRL_PORT, and HTTPS on KDRL_TLS_PORT with a certificate; until SIGTERM/SIGINT,
     then the app's cleanups (restoring what prewarming changed) run before exit."""
-    runner = web.AppRunner(await app.create_app(config), access_log=None)
-    await runner.setup()
+    service = await app.create_app(config)
     server = config.server
-    sites = [web.TCPSite(runner, server.host, server.port)]
+    service[AUDIENCES] = audiences.by_port(server)
+    runner = web.AppRunner(service, access_log=None)
+    await runner.setup()
+    sites = [
+        web.TCPSite(runner, server.host, server.port, ssl_context=_extender_tls(server.extender_tls_dir))
+    ]
+    sites += [
+        web.TCPSite(runner, server.host, port)
+        for port in service[AUDIENCES]
+        if port not in (server.port, server.tls_port)
+    ]
     if server.tls_dir is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(server.tls_dir / "tls.crt", server.tls_dir / "tls.key")
@@ -170,6 +191,17 @@ async def _serve_until_stopped(config: settings.Settings) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+def _extender_tls(folder: Path | None) -> ssl.SSLContext | None:
+    """Mutual TLS for the extender port: our certificate, and a client certificate signed by
+    the folder's CA required of every caller (kube-scheduler's extender `tlsConfig`)."""
+    if folder is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(folder / "ca.crt"))
+    context.load_cert_chain(folder / "tls.crt", folder / "tls.key")
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:

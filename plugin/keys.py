@@ -12,6 +12,7 @@ from plugin.prewarm_loop import PrewarmLoop
 from plugin.settings import Settings
 
 SETTINGS = web.AppKey("settings", Settings)
+AUDIENCES = web.AppKey("audiences", dict[int, frozenset[str]])  # set by `serve`: port -> audiences
 CACHE = web.AppKey("cache", ClusterCache)
 EXTENDER = web.AppKey("extender", Extender)
 EVENTS = web.AppKey("events", EventSink)

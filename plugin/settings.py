@@ -54,7 +54,31 @@ def _existing_file(value: Path | None) -> str | None:
 class ServerSettings:
     host: str = _setting("0.0.0.0", "KDRL_HOST", "Address to listen on.")
     port: int = _setting(
-        8080, "KDRL_PORT", "TCP port for the extender, events and health endpoints.", check=_port
+        8080,
+        "KDRL_PORT",
+        "TCP port for the extender verbs (and, where their own ports are 0, events and admin).",
+        check=_port,
+    )
+    events_port: int = _setting(
+        0, "KDRL_EVENTS_PORT", "TCP port for CloudEvents only; 0: they share KDRL_PORT.", check=_port
+    )
+    admin_port: int = _setting(
+        0,
+        "KDRL_ADMIN_PORT",
+        "TCP port for /healthz, /readyz, /metrics, /debug and /ui only; 0: they share KDRL_PORT.",
+        check=_port,
+    )
+    extender_tls_dir: Path | None = _setting(
+        None,
+        "KDRL_EXTENDER_TLS_DIR",
+        "Folder with tls.crt, tls.key and ca.crt: the extender port speaks HTTPS and admits only "
+        "clients with a certificate signed by ca.crt (mutual TLS, kube-scheduler's tlsConfig). "
+        "Read at start.",
+        check=lambda d: (
+            None
+            if d is None or all((d / f).is_file() for f in ("tls.crt", "tls.key", "ca.crt"))
+            else "needs tls.crt, tls.key and ca.crt"
+        ),
     )
     max_body_bytes: int = _setting(
         32 * 1024 * 1024,

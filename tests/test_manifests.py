@@ -25,7 +25,7 @@ CUSTOM = {
     ("eventing.knative.dev/v1", "Trigger"): ("broker", "subscriber"),
     ("sources.knative.dev/v1", "ApiServerSource"): ("mode", "resources", "sink", "serviceAccountName"),
     ("serving.knative.dev/v1", "Service"): ("template",),
-    ("cert-manager.io/v1", "Issuer"): ("selfSigned",),
+    ("cert-manager.io/v1", "Issuer"): (),  # selfSigned or ca (the mtls test checks which)
     ("cert-manager.io/v1", "Certificate"): ("secretName", "dnsNames", "issuerRef"),
     ("monitoring.coreos.com/v1", "PrometheusRule"): ("groups",),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
@@ -235,3 +235,28 @@ def test_the_webhook_overlay_serves_tls_where_the_webhook_calls() -> None:
     assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
         f"{certificate['metadata']['namespace']}/{certificate['metadata']['name']}"
     )
+
+
+def test_the_mtls_overlay_changes_only_the_extenders_transport() -> None:
+    """The overlay repeats the scheduler configuration (kustomize cannot patch inside it): the
+    two stay equal apart from the scheme and the TLS settings, which point where the secrets are."""
+    kustomization = yaml.safe_load((OVERLAYS / "mtls" / "kustomization.yaml").read_text())
+    (replaced,) = [p for p in kustomization["patches"] if p["target"]["kind"] == "ConfigMap"]
+    overlay = yaml.safe_load(yaml.safe_load(replaced["patch"])[0]["value"])
+    base = yaml.safe_load(find("ConfigMap", "kdrl-scheduler-config")["data"]["config.yaml"])
+    (secure,), (plain,) = overlay.pop("extenders"), base.pop("extenders")
+    assert overlay == base
+    tls = secure.pop("tlsConfig")
+    assert secure.pop("enableHTTPS") is True and secure.pop("urlPrefix") == plain.pop("urlPrefix").replace(
+        "http://", "https://"
+    )
+    assert secure == plain
+    assert {Path(tls[k]).name for k in ("caFile", "certFile", "keyFile")} == {"ca.crt", "tls.crt", "tls.key"}
+    certificates = list(yaml.safe_load_all((OVERLAYS / "mtls" / "certificates.yaml").read_text()))
+    server = next(c for c in certificates if c["metadata"]["name"] == "kdrl-extender-server")
+    assert tls["serverName"] in server["spec"]["dnsNames"] and "server auth" in server["spec"]["usages"]
+    client = next(c for c in certificates if c["metadata"]["name"] == "kdrl-scheduler-client")
+    assert "client auth" in client["spec"]["usages"]
+    issuers = {c["metadata"]["name"]: set(c["spec"]) for c in certificates if c["kind"] == "Issuer"}
+    assert issuers == {"kdrl-selfsigned": {"selfSigned"}, "kdrl-extender-ca": {"ca"}}
+    assert server["spec"]["issuerRef"]["name"] == client["spec"]["issuerRef"]["name"] == "kdrl-extender-ca"
