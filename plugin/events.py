@@ -188,6 +188,8 @@ def parse(headers: Mapping[str, str], body: bytes) -> list[BaseCloudEvent]:
         return [from_http_event(HTTPMessage(headers=dict(headers), body=body))]
     except (BaseCloudEventException, ValueError, TypeError, AttributeError) as error:
         raise BadRequest(f"not a valid CloudEvent: {error}") from error
+    except RecursionError:  # JSON nested past the stack: no event is
+        raise BadRequest("not a valid CloudEvent: nested too deeply") from None
 
 
 def invocation_counts(event: BaseCloudEvent, *, now: datetime) -> list[Count]:

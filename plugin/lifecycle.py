@@ -58,12 +58,8 @@ def _pod_change(
     if not isinstance(conditions, list):
         raise BadRequest("pod: status.conditions must be a list")
     for condition in conditions:
-        if (
-            isinstance(condition, Mapping)
-            and condition.get("type") in since
-            and condition.get("status") == "True"
-        ):
-            kind = condition["type"]
+        kind = condition.get("type") if isinstance(condition, Mapping) else None
+        if isinstance(kind, str) and kind in since and condition.get("status") == "True":
             since[kind] = _time(
                 condition.get("lastTransitionTime"), f"status.conditions[{kind}].lastTransitionTime"
             )
