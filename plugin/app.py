@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 EXTENDER_PREFIX = "/scheduler"  # the urlPrefix path of protocols.md §1.4
 UI_FILES = Path(__file__).resolve().parent / "ui"
 SAMPLE_EVERY_S = 10.0  # state gauges for push exporters (a scrape samples them itself)
+DECODE_INLINE_BYTES = 256 * 1024  # names-only extender calls stay far below: decoded inline
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -227,7 +228,7 @@ async def _events(request: web.Request) -> web.Response:
 
 async def _mutate_pods(request: web.Request) -> web.Response:
     """The admission webhook (`plugin.webhook`): Knative pods to the kdrl scheduler."""
-    return web.json_response(webhook.review(wire.decode(await request.read())))
+    return web.json_response(webhook.review(await _decoded(request)))
 
 
 async def _prewarm_plan(request: web.Request) -> web.Response:
@@ -293,9 +294,19 @@ async def _function(request: web.Request) -> web.Response:
     )
 
 
+async def _decoded(request: web.Request) -> Any:
+    """The JSON body. A big one (full Node objects) is decoded on a worker thread: tens of
+    megabytes take the better part of a second, which on the event loop would stall every
+    other request, the CloudEvents sink's included."""
+    body = await request.read()
+    if len(body) < DECODE_INLINE_BYTES:
+        return wire.decode(body)
+    return await asyncio.get_running_loop().run_in_executor(None, wire.decode, body)
+
+
 async def _filter(request: web.Request) -> web.Response:
     started = time.perf_counter()
-    args = wire.parse_extender_args(wire.decode(await request.read()))
+    args = wire.parse_extender_args(await _decoded(request))
     decoded = time.perf_counter()
     result = request.app[EXTENDER].filter(args)
     decided = time.perf_counter()
@@ -304,7 +315,7 @@ async def _filter(request: web.Request) -> web.Response:
 
 async def _prioritize(request: web.Request) -> web.Response:
     started = time.perf_counter()
-    args = wire.parse_extender_args(wire.decode(await request.read()))
+    args = wire.parse_extender_args(await _decoded(request))
     decoded = time.perf_counter()
     priorities = request.app[EXTENDER].prioritize(args)
     decided = time.perf_counter()
@@ -315,7 +326,7 @@ async def _prioritize(request: web.Request) -> web.Response:
 
 async def _bind(request: web.Request) -> web.Response:
     started = time.perf_counter()
-    args = wire.parse_binding_args(wire.decode(await request.read()))
+    args = wire.parse_binding_args(await _decoded(request))
     decoded = time.perf_counter()
     result = await request.app[EXTENDER].bind(args)
     bound = time.perf_counter()

@@ -269,3 +269,20 @@ async def test_the_explorer_page_and_its_files_are_served(offline_client: Client
     for name in ("ui.js", "ui.css"):
         assert (await offline_client.get(f"/ui/static/{name}")).status == 200
     assert (await offline_client.get("/ui/static/../app.py")).status in (403, 404)
+
+
+async def test_a_big_body_is_decoded_off_the_event_loop_with_the_same_answer(
+    offline_client: Client, small_cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+) -> None:
+    nodes, _ = small_cluster
+    small = {"Pod": pending(), "Nodes": {"metadata": {}, "items": nodes}}
+    padded = json.loads(json.dumps(small))
+    padded["Nodes"]["items"][0]["metadata"]["annotations"] = {"padding": "x" * service.DECODE_INLINE_BYTES}
+    body = json.dumps(padded).encode()
+    assert len(body) > service.DECODE_INLINE_BYTES
+    _, inline = await post(offline_client, "filter", small)
+    status, threaded = await post(offline_client, "filter", body)
+    assert status == 200 and threaded["FailedNodes"] == inline["FailedNodes"]
+    assert [n["metadata"]["name"] for n in threaded["Nodes"]["items"]] == [
+        n["metadata"]["name"] for n in inline["Nodes"]["items"]
+    ]
