@@ -94,6 +94,8 @@ def _serve(
 ) -> tuple[subprocess.Popen[bytes], int, dict[str, object]]:
     port = free_port()
     command = [sys.executable, "-m", "plugin", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
+    # /readyz lives on the admin port where one is given (one port per audience), else on --port
+    ready_port = int(extra[extra.index("--admin-port") + 1]) if "--admin-port" in extra else port
     if "--history-path" not in extra:  # keep the server's database out of the working tree
         command += ["--history-path", str(Path(tempfile.mkdtemp()) / "history.db")]
     stderr = subprocess.PIPE if capture_logs else None
@@ -101,7 +103,7 @@ def _serve(
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and server.poll() is None:
         try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            connection = http.client.HTTPConnection("127.0.0.1", ready_port, timeout=1)
             connection.request("GET", "/readyz")
             response = connection.getresponse()
             if response.status == 200:

@@ -108,8 +108,14 @@ def _query(path: str) -> Callable[[Any, random.Random], Request]:
 
 
 def _header(value: Any) -> str:
+    """A value as a header can carry it: UTF-8 bytes as latin-1, control characters (which HTTP
+    clients refuse to send) as '?'."""
     text = value if isinstance(value, str) else _dumps(value).decode()
-    return text.encode("utf-8", "surrogatepass").decode("latin-1", "replace")[:2000].replace("\n", " ")
+    raw = text.encode("utf-8", "surrogatepass").decode("latin-1", "replace")[:2000]
+    return raw.translate(_NO_CONTROLS)
+
+
+_NO_CONTROLS = {c: "?" for c in [*range(0x20), 0x7F]}
 
 
 def _dumps(document: Any) -> bytes:

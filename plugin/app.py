@@ -30,7 +30,7 @@ from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
 from plugin import audiences, events, informer, kube, metrics, objectfiles, webhook, wire
 from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
-from plugin.decisions import RECENT, DecisionLog
+from plugin.decisions import RECENT
 from plugin.emitter import Emitter
 from plugin.errors import BadRequest
 from plugin.events import EventSink
@@ -87,7 +87,7 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     )
     app[SETTINGS] = settings
     app[CACHE] = cache
-    app[EXTENDER] = Extender(cache=cache, policy=loaded, binder=binder, decisions=DecisionLog())
+    app[EXTENDER] = Extender(cache=cache, policy=loaded, binder=binder)
     metrics.start_counters(loaded.policy.name)
     app[EVENTS] = sink = _event_sink(settings)
     app[FORECASTS] = ForecastLoop(forecaster=Forecaster(sink.counts), clock=time.time)

@@ -70,6 +70,11 @@ class OfflineBinder:
         logger.debug("offline mode: %s/%s bound to %s in memory only", namespace, name, node)
 
 
+def _rejections(by_reason: Mapping[str, int], unknown: list[str]) -> dict[str, int]:
+    """Rejected nodes per reason code, the names the cache does not know among them."""
+    return {**by_reason, "unknown_node": len(unknown)} if unknown else dict(by_reason)
+
+
 def extender_scores(raw: FloatArray) -> IntArray:
     """Raw policy scores -> integers 0..10, min-max over the candidates.
 
@@ -189,9 +194,7 @@ class Extender:
             decision.candidates, decision.scores, decision.outcome = candidates, result.scores, outcome
             if filtered is None:  # no filter came first: its count and verdicts are this call's
                 metrics.soon(metrics.candidates.record, len(candidates) + len(unknown))
-                decision.rejections = {**result.verdicts.rejections}
-                if unknown:
-                    decision.rejections["unknown_node"] = len(unknown)
+                decision.rejections = _rejections(result.verdicts.rejections, unknown)
             span.set_attribute("kdrl.candidates", len(candidates) + len(unknown))
             span.set_attribute("kdrl.feasible", feasible)
             span.set_attribute("kdrl.unknown_nodes", len(unknown))
@@ -312,12 +315,10 @@ class Extender:
         passed: bool,
     ) -> None:
         """A filter answer into the metrics and the decision log (a few reasons as examples)."""
-        for code, count in rejections.items():
-            metrics.rejections.add(count, {"kdrl.reason": code})
-        if unknown:
-            metrics.rejections.add(len(unknown), {"kdrl.reason": "unknown_node"})
         decision = self._decision(pod, span)
-        decision.rejections = {**rejections, **({"unknown_node": len(unknown)} if unknown else {})}
+        decision.rejections = _rejections(rejections, unknown)
+        for code, count in decision.rejections.items():
+            metrics.rejections.add(count, {"kdrl.reason": code})
         examples = list(itertools.islice(itertools.chain(unresolvable.items(), failed.items()), REASONS))
         decision.reasons = dict(examples)
         decision.candidates = decision.scores = None

@@ -7,14 +7,12 @@ import json
 import shutil
 import ssl
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.extender import free_port
+from bench.extender import free_port, serve_offline
 from plugin import audiences
 from plugin.settings import ServerSettings
 from tests.conftest import EXAMPLES
@@ -42,30 +40,23 @@ def test_ports_left_at_zero_share_the_extender_port() -> None:
     assert audiences.allowed(None, 1234, "/anything")  # no map (tests, embedding): everything
 
 
-def serve(*flags: str, tmp: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "plugin", "serve", "--host", "127.0.0.1", "--log-level", "WARNING"]
-    command += ["--nodes", str(EXAMPLES / "nodes.json"), "--pods", str(EXAMPLES / "pods.json")]
-    return subprocess.Popen([*command, "--history-path", str(tmp / "h.db"), *flags])
+def serve(*flags: str) -> tuple[subprocess.Popen[bytes], int]:
+    """`kdrl serve` offline with `flags`, ready (its /readyz answered on the admin port)."""
+    server, port, _ = serve_offline(
+        EXAMPLES / "nodes.json", EXAMPLES / "pods.json", "--log-level", "WARNING", *flags
+    )
+    return server, port
 
 
 def status(
     port: int, method: str, path: str, body: bytes = b"", context: ssl.SSLContext | None = None
 ) -> int:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if context is None:
-                connection: http.client.HTTPConnection = http.client.HTTPConnection(
-                    "127.0.0.1", port, timeout=5
-                )
-            else:
-                connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
-            connection.request(method, path, body=body or None, headers={"Content-Type": "application/json"})
-            return connection.getresponse().status
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    if context is None:
+        connection: http.client.HTTPConnection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    else:
+        connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
+    connection.request(method, path, body=body or None, headers={"Content-Type": "application/json"})
+    return connection.getresponse().status
 
 
 @pytest.fixture
@@ -77,11 +68,10 @@ def stopping() -> Iterator[list[subprocess.Popen[bytes]]]:
         server.wait(timeout=10)
 
 
-def test_each_port_serves_its_audience_only(tmp_path: Path, stopping: list[subprocess.Popen[bytes]]) -> None:
-    extender, events, admin = free_port(), free_port(), free_port()
-    stopping.append(
-        serve("--port", str(extender), "--events-port", str(events), "--admin-port", str(admin), tmp=tmp_path)
-    )
+def test_each_port_serves_its_audience_only(stopping: list[subprocess.Popen[bytes]]) -> None:
+    events, admin = free_port(), free_port()
+    server, extender = serve("--events-port", str(events), "--admin-port", str(admin))
+    stopping.append(server)
     assert status(admin, "GET", "/readyz") == 200
     filter_body = json.dumps(
         {"Pod": json.loads((EXAMPLES / "pending-pod.json").read_text()), "NodeNames": []}
@@ -164,18 +154,9 @@ def test_the_extender_port_admits_only_clients_with_a_certificate(
     tmp_path: Path, stopping: list[subprocess.Popen[bytes]]
 ) -> None:
     certificates(tmp_path)
-    extender, admin = free_port(), free_port()
-    stopping.append(
-        serve(
-            "--port",
-            str(extender),
-            "--admin-port",
-            str(admin),
-            "--extender-tls-dir",
-            str(tmp_path),
-            tmp=tmp_path,
-        )
-    )
+    admin = free_port()
+    server, extender = serve("--admin-port", str(admin), "--extender-tls-dir", str(tmp_path))
+    stopping.append(server)
     assert status(admin, "GET", "/readyz") == 200  # the admin port stays plain HTTP (kubelet probes)
     body = json.dumps(
         {"Pod": json.loads((EXAMPLES / "pending-pod.json").read_text()), "NodeNames": []}
