@@ -219,7 +219,7 @@ def _mutate(document: Any, rng: random.Random) -> Any:
 def _changed(value: Any, rng: random.Random) -> Any:
     roll = rng.random()
     if roll < 0.7:
-        return rng.choice(HOSTILE)
+        return copy.deepcopy(rng.choice(HOSTILE))  # a later mutation must not change the list
     if roll < 0.8:
         nested: Any = value
         for _ in range(rng.choice((10, 500, 3000))):

@@ -4,6 +4,7 @@ that names what is wrong, and the service keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import gzip
 import json
 import logging
@@ -340,3 +341,12 @@ async def test_structured_mutations_of_every_endpoint_never_get_a_5xx(
         request.method, request.path, data=request.body or None, headers=request.headers
     )
     assert response.status < 500, (request.path, response.status, await response.text())
+
+
+def test_the_mutator_changes_neither_its_seeds_nor_its_hostile_values() -> None:
+    """Hypothesis replays a case by drawing again: a mutator that changed shared state would not replay."""
+    hostile, documents = copy.deepcopy(fuzz.HOSTILE), copy.deepcopy([seed.document for seed in FUZZ_SEEDS])
+    rng = random.Random(7)
+    for _ in range(3000):
+        fuzz.mutated(rng.choice(FUZZ_SEEDS), rng)
+    assert hostile == fuzz.HOSTILE and [seed.document for seed in FUZZ_SEEDS] == documents
