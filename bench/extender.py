@@ -64,12 +64,22 @@ def free_port() -> int:
 
 
 def serve_offline(
-    nodes: Path, pods: Path, *extra: str, env: dict[str, str] | None = None, capture_logs: bool = False
+    nodes: Path,
+    pods: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    capture_logs: bool = False,
+    ready_within_s: float = 60.0,
 ) -> tuple[subprocess.Popen[bytes], int, dict[str, object]]:
     """`kdrl serve` offline in a subprocess on a free port; returns once `/readyz` says ready.
 
     With `capture_logs`, its stderr is a pipe the caller must drain (`communicate`)."""
-    return _serve(["--nodes", str(nodes), "--pods", str(pods), *extra], env=env, capture_logs=capture_logs)
+    return _serve(
+        ["--nodes", str(nodes), "--pods", str(pods), *extra],
+        env=env,
+        capture_logs=capture_logs,
+        ready_within_s=ready_within_s,
+    )
 
 
 def serve_online(
@@ -91,6 +101,7 @@ def _serve(
     env: dict[str, str] | None = None,
     capture_logs: bool = False,
     cwd: Path | None = None,
+    ready_within_s: float = 60.0,
 ) -> tuple[subprocess.Popen[bytes], int, dict[str, object]]:
     port = free_port()
     command = [sys.executable, "-m", "plugin", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
@@ -100,7 +111,7 @@ def _serve(
         command += ["--history-path", str(Path(tempfile.mkdtemp()) / "history.db")]
     stderr = subprocess.PIPE if capture_logs else None
     server = subprocess.Popen(command, env={**os.environ, **(env or {})}, stderr=stderr, cwd=cwd)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + ready_within_s
     while time.monotonic() < deadline and server.poll() is None:
         try:
             connection = http.client.HTTPConnection("127.0.0.1", ready_port, timeout=1)

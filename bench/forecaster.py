@@ -2,6 +2,7 @@
 
     python -m bench.forecaster            # the table
     python -m bench.forecaster --json
+    python -m bench.forecaster --functions 10000,20000 --flood 100000 --rss --sigterm
 
 - ingest through the HTTP sink: `kdrl serve` offline in a subprocess, 16 concurrent senders
   posting binary `dev.kdrl.invocations.v1` events, each acknowledged only after its commit;
@@ -12,6 +13,14 @@
 - memory of two days of minute history for 10,000 functions (target: <= 100 MB).
 Histories are the shared Azure rows (first 12 hours, repeated to 10,000 functions) when the
 trace is beside the repository, else seeded synthetic ones.
+
+`--rss`: the whole service's memory instead, what the StatefulSet's request and limit are set
+from. Per size, a real `kdrl serve` (offline, default settings, so `KDRL_MAX_FUNCTIONS` applies)
+starts on a history database of that many functions' last 12 hours (what a forecast fit reads);
+`--flood N` adds N names of one invocation each, the newest, as a flood of made-up names would.
+The table gives the functions it holds, its startup time (the history read back) and resident
+memory then, its first forecast cycle's time (model choice and forecast), and after that cycle
+its peak (VmHWM) and current (VmRSS) resident memory.
 """
 
 from __future__ import annotations
@@ -19,18 +28,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
+import subprocess
 import tempfile
 import time
 import tracemalloc
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
-from cloudevents.core.bindings.http import to_binary_event
-from cloudevents.core.v1.event import CloudEvent
 
 from bench import extender as extender_bench
+from bench import synthetic
 from bench.simulator import SHARED_TRACE
 from forecaster.forecasting import Forecaster
 from forecaster.history import MINUTES_KEPT, Count, Effect, HistoryStore, MinuteCounts
@@ -124,20 +135,7 @@ def direct_ingest() -> dict[str, Any]:
 async def _send(port: int, events: int, concurrency: int) -> float:
     now = time.time()
     start = time.strftime("%Y-%m-%dT%H:%M:00Z", time.gmtime(now))
-    messages = [
-        to_binary_event(
-            CloudEvent(
-                attributes={
-                    "type": "dev.kdrl.invocations.v1",
-                    "source": "/bench",
-                    "id": f"e{i}",
-                    "datacontenttype": "application/json",
-                },
-                data={"function": f"ns/f{i % 100}", "start": start, "seconds": 60, "count": 1},
-            )
-        )
-        for i in range(events)
-    ]
+    messages = [synthetic.invocation(f"e{i}", f"ns/f{i % 100}", start) for i in range(events)]
     queue: asyncio.Queue[Any] = asyncio.Queue()
     for message in messages:
         queue.put_nowait(message)
@@ -173,10 +171,132 @@ def http_ingest(events: int = 3000, concurrency: int = 16) -> dict[str, Any]:
     }
 
 
+def _history_database(path: Path, functions: int, flood: int, now_minute: int) -> None:
+    store = HistoryStore(path)
+    data = histories(functions, 720)
+    first = now_minute - 720
+    for start in range(0, functions, 500):
+        rows = [
+            Count(f"ns/f{i:06d}", first + int(m), int(data[i, m]))
+            for i in range(start, min(start + 500, functions))
+            for m in np.flatnonzero(data[i])
+        ]
+        store.record([(None, Effect(counts=rows))], time.time())
+    names = [Count(f"flood/f{i:06d}", now_minute, 1) for i in range(flood)]
+    store.record([(None, Effect(counts=names))], time.time())
+    store.close()
+
+
+def _metric(port: int, name: str) -> float:
+    """The sum of a metric's series on `/metrics`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith((name + " ", name + "{")))
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _serve_on(history: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """`kdrl serve` offline on the history database `history`, once ready (it reads it back)."""
+    server, port, _ = extender_bench.serve_offline(
+        EXAMPLES / "nodes.json",
+        EXAMPLES / "pods.json",
+        "--log-level",
+        "WARNING",
+        "--history-path",
+        str(history),
+        ready_within_s=600,
+    )
+    return server, port
+
+
+def service_memory(functions: int, flood: int = 0) -> dict[str, Any]:
+    """A real `kdrl serve` on a history of `functions` (+ `flood`): memory after its first cycle."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "h.db"
+        _history_database(path, functions, flood, int(time.time() // 60))
+        started = time.perf_counter()
+        server, port = _serve_on(path)
+        try:
+            loaded = time.perf_counter() - started
+            ready = _status_kib(server.pid, "VmRSS")
+            while _metric(port, "kdrl_forecast_cycle_duration_seconds_count") < 1:
+                if server.poll() is not None:
+                    raise RuntimeError("kdrl serve exited during its first forecast cycle")
+                time.sleep(1)
+            cycle = _metric(port, "kdrl_forecast_cycle_duration_seconds_sum")
+            held = _metric(port, "kdrl_history_functions")
+            peak, current = _status_kib(server.pid, "VmHWM"), _status_kib(server.pid, "VmRSS")
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    label = f"{functions:,}" + (f" + {flood:,} flood names" if flood else "")
+    return {
+        "benchmark": f"kdrl serve, history of {label}",
+        "functions held": int(held),
+        "startup s": round(loaded, 1),
+        "ready MiB": round(ready / 1024),
+        "first cycle s": round(cycle, 1),
+        "peak MiB": round(peak / 1024),
+        "after MiB": round(current / 1024),
+    }
+
+
+def shutdown_time(functions: int, into_cycle_s: float = 10.0) -> dict[str, Any]:
+    """SIGTERM to a real `kdrl serve` `into_cycle_s` after it became ready (its first forecast
+    cycle, minutes long at the cap, is running): seconds until the process has exited."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "h.db"
+        _history_database(path, functions, 0, int(time.time() // 60))
+        server, port = _serve_on(path)
+        time.sleep(into_cycle_s)
+        cycles = _metric(port, "kdrl_forecast_cycle_duration_seconds_count")
+        signalled = time.perf_counter()
+        server.send_signal(signal.SIGTERM)
+        try:
+            code = server.wait(timeout=300)
+        finally:
+            server.kill()
+        return {
+            "benchmark": f"kdrl serve, {functions:,} functions, SIGTERM {into_cycle_s:g} s into a cycle",
+            "cycles done": int(cycles),
+            "exit s": round(time.perf_counter() - signalled, 1),
+            "exit code": code,
+        }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rss", action="store_true", help="the service's memory per history size")
+    parser.add_argument("--functions", default="10000", help="with --rss: sizes, comma-separated")
+    parser.add_argument(
+        "--sigterm", action="store_true", help="with --rss: also time a SIGTERM mid-cycle at the largest size"
+    )
+    parser.add_argument(
+        "--flood", type=int, default=0, help="with --rss: one more run, the largest size + N names"
+    )
     args = parser.parse_args()
+    if args.rss:
+        sizes = [int(n) for n in args.functions.split(",")]
+        table = [service_memory(n) for n in sizes]
+        if args.flood:
+            table.append(service_memory(max(sizes), args.flood))
+        shutdown = [shutdown_time(max(sizes))] if args.sigterm else []
+        if args.json:
+            print(json.dumps(table + shutdown, indent=2))
+            return
+        for rows in (table, shutdown):
+            if rows:
+                print(" | ".join(rows[0]))
+                for r in rows:
+                    print(" | ".join(str(v) for v in r.values()))
+        return
     rows = [http_ingest(), direct_ingest(), memory(), *forecast_cycle()]
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -1,4 +1,5 @@
-"""Synthetic Kubernetes objects (nodes, Knative pods) as `kubectl get -o json` prints them.
+"""Synthetic Kubernetes objects (nodes, Knative pods) as `kubectl get -o json` prints them, and
+invocation CloudEvents as an adapter sends them.
 
 Used by the benchmarks, the tests and to write the bundled example snapshot:
 `python -m bench.synthetic --nodes 12 --out examples/cluster`. The cluster is seeded and
@@ -13,6 +14,9 @@ import json
 import random
 from pathlib import Path
 from typing import Any
+
+from cloudevents.core.bindings.http import HTTPMessage, to_binary_event
+from cloudevents.core.v1.event import CloudEvent
 
 Obj = dict[str, Any]
 MiB = 1024 * 1024
@@ -180,6 +184,19 @@ def cluster(
             )
             used += millis + 25
     return nodes, pods
+
+
+def invocation(event_id: str, function: str, start: str, *, source: str = "/bench") -> HTTPMessage:
+    """A binary-mode `dev.kdrl.invocations.v1` event: one invocation of `function` in the
+    minute from `start` (RFC 3339)."""
+    attributes = {
+        "type": "dev.kdrl.invocations.v1",
+        "source": source,
+        "id": event_id,
+        "datacontenttype": "application/json",
+    }
+    data = {"function": function, "start": start, "seconds": 60, "count": 1}
+    return to_binary_event(CloudEvent(attributes=attributes, data=data))
 
 
 def as_list(kind: str, items: list[Obj]) -> Obj:

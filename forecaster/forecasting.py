@@ -16,7 +16,8 @@ The hybrid histogram windows (`histogram`) ride along in every `Forecast`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -143,6 +144,9 @@ DEFAULT_MODEL = {"sparse": "CrostonSBA", "busy": "SeasonalNaive60"}  # before an
 # AutoETS costs ~30 ms a series even without a seasonal component (~500 ms with a 60-minute
 # one), so only the busiest functions are backtested with it.
 AUTOETS_LIMIT = 200
+# Functions per statsforecast call: a cycle's frames and backtests grow with it, not with the
+# number of functions (bench.forecaster --rss).
+CHUNK_FUNCTIONS = 1000
 
 
 def model(name: str) -> object:
@@ -172,17 +176,45 @@ def candidates(kind: str, minutes: int, *, with_ets: bool) -> list[str]:
     return names if with_ets else [n for n in names if n != "AutoETS"]
 
 
-class Forecaster:
-    """Forecasts every function the history knows."""
+class Stopped(Exception):
+    """A cycle given up between two chunks because its `stop` event was set."""
 
-    def __init__(self, counts: MinuteCounts, *, training_minutes: int = TRAINING_MINUTES) -> None:
+
+class Forecaster:
+    """Forecasts every function the history knows.
+
+    `stop`: once set, a running `choose` or `forecast` gives up at the next chunk (raising
+    `Stopped`), so a service shutting down waits seconds for its worker thread, not a cycle."""
+
+    def __init__(
+        self,
+        counts: MinuteCounts,
+        *,
+        training_minutes: int = TRAINING_MINUTES,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.counts = counts
         self.training_minutes = training_minutes
+        self.stop = stop or threading.Event()
         self.choice = Choice()
 
-    def histories(self, end_minute: int) -> dict[str, npt.NDArray[np.int64]]:
-        """Every function's last `training_minutes` of counts, read once per cycle."""
-        return {f: self.counts.series(f, end_minute, self.training_minutes) for f in self.counts.functions}
+    def histories(
+        self, end_minute: int, functions: Sequence[str] | None = None
+    ) -> dict[str, npt.NDArray[np.int64]]:
+        """The last `training_minutes` of counts of `functions` (default: every function)."""
+        names = self.counts.functions if functions is None else functions
+        return {f: self.counts.series(f, end_minute, self.training_minutes) for f in names}
+
+    def chunks(self, end_minute: int) -> Iterator[dict[str, npt.NDArray[np.int64]]]:
+        """Every function's history, `CHUNK_FUNCTIONS` at a time: what bounds a cycle's memory."""
+        functions = self.counts.functions
+        for first in range(0, len(functions), CHUNK_FUNCTIONS):
+            self._check_stop()
+            yield self.histories(end_minute, functions[first : first + CHUNK_FUNCTIONS])
+
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise Stopped("forecast cycle stopped")
 
     def classes(
         self, end_minute: int, histories: Mapping[str, npt.NDArray[np.int64]] | None = None
@@ -197,38 +229,59 @@ class Forecaster:
 
     def choose(self, end_minute: int, *, horizon: int = 30) -> Choice:
         """Backtest the candidate models over the last windows; keep the best per function."""
-        histories = self.histories(end_minute)
+        kinds: dict[str, list[str]] = {"sparse": [], "busy": []}
+        volume: dict[str, int] = {}
+        for histories in self.chunks(end_minute):
+            for kind, functions in self.classes(end_minute, histories).items():
+                kinds[kind] += functions
+            volume.update({f: int(series.sum()) for f, series in histories.items()})
         choice = Choice()
-        for kind, functions in self.classes(end_minute, histories).items():
+        for kind, functions in kinds.items():
             if not functions:
                 continue
             groups = [(functions, False)]
             if kind == "busy":
-                by_volume = sorted(functions, key=lambda f: int(histories[f].sum()), reverse=True)
-                busiest = set(by_volume[:AUTOETS_LIMIT])
+                busiest = set(sorted(functions, key=volume.__getitem__, reverse=True)[:AUTOETS_LIMIT])
                 groups = [(sorted(busiest), True), ([f for f in functions if f not in busiest], False)]
-            backtests = []
+            tallies = np.zeros((1 + len(WITHIN_BUCKETS), 2, len(CALIBRATION_EDGES) - 1))
             for members, with_ets in groups:
-                if not members:
-                    continue
                 names = candidates(kind, self.training_minutes, with_ets=with_ets)
-                frame = self._frame(members, histories, end_minute)
-                backtest = _engine(names).cross_validation(
-                    df=frame, h=horizon, step_size=BACKTEST_STEP, n_windows=BACKTEST_WINDOWS
-                )
-                backtests.append(_pick(backtest, names, choice))
-            chosen = pd.concat(backtests)
-            choice.calibration[kind] = _calibrate(chosen["chosen"].to_numpy(), chosen["y"].to_numpy())
-            choice.within[kind] = _calibrate_within(chosen)
+                for first in range(0, len(members), CHUNK_FUNCTIONS):
+                    self._check_stop()
+                    part = members[first : first + CHUNK_FUNCTIONS]
+                    frame = self._frame(part, self.histories(end_minute, part), end_minute)
+                    backtest = _engine(names).cross_validation(
+                        df=frame, h=horizon, step_size=BACKTEST_STEP, n_windows=BACKTEST_WINDOWS
+                    )
+                    tallies += _calibration_tallies(_pick(backtest, names, choice))
+            choice.calibration[kind] = _calibrated(tallies[0])
+            choice.within[kind] = np.stack([_calibrated(tally) for tally in tallies[1:]])
         self.choice = choice
         return choice
 
     def forecast(self, end_minute: int, horizon: int = 30) -> dict[str, Forecast]:
-        """Forecasts for minutes [end_minute, end_minute + horizon) of every function."""
-        histories = self.histories(end_minute)
+        """Forecasts for minutes [end_minute, end_minute + horizon) of every function, a chunk
+        at a time, every chunk's idle times shrunk towards the pool of all of them."""
+        pooled = np.zeros(idletimes.BINS)
+        for chunk in self.chunks(end_minute):
+            for series in chunk.values():
+                pooled += idletimes.counts(idle_minutes(series))
+        prior = idletimes.pooled_hazard(pooled)
+        out: dict[str, Forecast] = {}
+        for chunk in self.chunks(end_minute):
+            out.update(self._forecast(chunk, end_minute, horizon, prior))
+        return out
+
+    def _forecast(
+        self,
+        histories: Mapping[str, npt.NDArray[np.int64]],
+        end_minute: int,
+        horizon: int,
+        prior: FloatArray,
+    ) -> dict[str, Forecast]:
         gaps = {function: idle_minutes(series) for function, series in histories.items()}
         windows = _hybrid_windows(gaps)
-        idle = idle_answers(histories, gaps, horizon)
+        idle = idle_answers(histories, gaps, horizon, prior)
         out: dict[str, Forecast] = {}
         for kind, functions in self.classes(end_minute, histories).items():
             plans = {function: self.choice.models(function, kind) for function in functions}
@@ -293,16 +346,20 @@ def _hybrid_windows(gaps: Mapping[str, FloatArray]) -> dict[str, tuple[float, fl
 
 
 def idle_answers(
-    histories: Mapping[str, npt.NDArray[np.int64]], gaps: Mapping[str, FloatArray], horizon: int
+    histories: Mapping[str, npt.NDArray[np.int64]],
+    gaps: Mapping[str, FloatArray],
+    horizon: int,
+    prior: FloatArray | None = None,
 ) -> dict[str, tuple[FloatArray | None, idletimes.Pattern, int | None]]:
     """Each function's `idletimes` answer for the minutes after its series, its class and its
-    idle minutes (None before its first invocation), all at once, shrunk towards the pool of
-    every history."""
+    idle minutes (None before its first invocation), all at once, shrunk towards `prior` (by
+    default the pooled hazard of these histories)."""
     functions = list(histories)
     if not functions:
         return {}
     own = np.stack([idletimes.counts(gaps[f]) for f in functions])
-    prior = idletimes.pooled_hazard(own.sum(axis=0))
+    if prior is None:
+        prior = idletimes.pooled_hazard(own.sum(axis=0))
     last = np.array([_last_invoked(histories[f]) for f in functions], dtype=np.int64)
     elapsed = np.array([len(histories[f]) for f in functions], dtype=np.int64) - last
     within = idletimes.within_after(own, elapsed, horizon, prior)
@@ -363,13 +420,20 @@ def _chosen_column(backtest: pd.DataFrame, best: pd.Series) -> FloatArray:
     return picked
 
 
-def _calibrate(expected: FloatArray, observed: FloatArray) -> FloatArray:
-    """Observed share of minutes with >= 1 invocation per bin of expected count (monotone)."""
+def _tally(expected: FloatArray, observed: FloatArray) -> FloatArray:
+    """Per bin of expected count: minutes with >= 1 invocation, and minutes (rows 0 and 1).
+    Tallies of chunks add up to the tally of all of them."""
     bins = np.clip(
         np.searchsorted(CALIBRATION_EDGES, expected, side="right") - 1, 0, len(CALIBRATION_EDGES) - 2
     )
-    hits = np.bincount(bins, weights=(observed > 0).astype(float), minlength=len(CALIBRATION_EDGES) - 1)
-    totals = np.bincount(bins, minlength=len(CALIBRATION_EDGES) - 1)
+    size = len(CALIBRATION_EDGES) - 1
+    hits = np.bincount(bins, weights=(observed > 0).astype(float), minlength=size)
+    return np.stack([hits, np.bincount(bins, minlength=size).astype(np.float64)])
+
+
+def _calibrated(tally: FloatArray) -> FloatArray:
+    """Observed share of minutes with >= 1 invocation per bin of expected count (monotone)."""
+    hits, totals = tally
     prior = 1.0 - np.exp(-_bin_centres())  # Poisson, where a bin saw no backtest minute
     share = np.where(totals > 0, (hits + prior) / (totals + 1.0), prior)
     return np.maximum.accumulate(share)  # more expected invocations never mean fewer
@@ -384,16 +448,20 @@ def _bin_centres() -> FloatArray:
 WITHIN_BUCKETS = np.array([1, 2, 6, 11])
 
 
-def _calibrate_within(backtest: pd.DataFrame) -> FloatArray:
-    """P(any invocation within the first k minutes) per bucket of k and bin of the expected total
-    over those minutes, measured on the backtest (minutes are not independent)."""
+def _calibration_tallies(backtest: pd.DataFrame) -> FloatArray:
+    """What calibration needs of one chunk's backtest, summable over chunks: the `_tally` of
+    each minute (index 0) and, per bucket of k (1 on), of the expected total over the first k
+    minutes against any invocation in them (minutes within a window are not independent:
+    "within k" is measured, not multiplied)."""
     ordered = backtest.sort_values(["unique_id", "cutoff", "ds"])
     keys = [ordered["unique_id"], ordered["cutoff"]]
     total = ordered["chosen"].clip(lower=0).groupby(keys).cumsum().to_numpy()
     seen = (ordered["y"] > 0).groupby(keys).cummax().to_numpy().astype(np.float64)
     k = ordered.groupby(keys).cumcount().to_numpy() + 1
     bucket = np.searchsorted(WITHIN_BUCKETS, k, side="right") - 1
-    return np.stack([_calibrate(total[bucket == b], seen[bucket == b]) for b in range(len(WITHIN_BUCKETS))])
+    minutes = _tally(backtest["chosen"].to_numpy(dtype=np.float64), backtest["y"].to_numpy(dtype=np.float64))
+    within = [_tally(total[bucket == b], seen[bucket == b]) for b in range(len(WITHIN_BUCKETS))]
+    return np.stack([minutes, *within])
 
 
 def within_probability(expected: FloatArray, table: FloatArray | None) -> FloatArray:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,19 +144,32 @@ class MinuteCounts:
     """The last `MINUTES_KEPT` minutes of every function's counts, in blocks of ring rows.
 
     Rows live in fixed blocks of `BLOCK_ROWS` functions, so growing never copies (no
-    temporary doubling of memory)."""
+    temporary doubling of memory). With a `capacity`, at most that many functions are held:
+    a new one takes the row of the least recently counted function that `keep` does not
+    protect (the service protects the functions Knative knows, so a flood of made-up names
+    evicts only made-up names); when every held function is protected, the new one is refused.
+    Either way the durable store keeps every count: memory forgets, the history does not."""
 
     BLOCK_ROWS = 1024
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None, keep: Callable[[str], bool] = lambda _: False) -> None:
+        self.capacity = capacity
+        self.keep = keep
+        self.evicted = 0  # functions forgotten to make room for another
+        self.refused = 0  # counts of functions not taken in: full of protected functions
         self._rows: dict[str, int] = {}
         self._blocks: list[npt.NDArray[np.uint16]] = []
         self._latest: list[int] = []  # newest minute written per row, -1 for none
         self._overflow: dict[tuple[int, int], int] = {}
+        self._free: list[int] = []  # rows of evicted functions, reused first
+        self._evictable: OrderedDict[str, None] = OrderedDict()  # least recently counted first
 
     @property
     def functions(self) -> list[str]:
         return list(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
     @property
     def nbytes(self) -> int:
@@ -163,6 +177,11 @@ class MinuteCounts:
 
     def add(self, function: str, minute: int, count: int) -> None:
         row = self._row(function)
+        if row is None:
+            self.refused += 1
+            return
+        if function in self._evictable:
+            self._evictable.move_to_end(function)
         latest = self._latest[row]
         if latest >= 0 and minute <= latest - MINUTES_KEPT:
             return  # older than the ring: only the durable store keeps it (as hours)
@@ -216,16 +235,35 @@ class MinuteCounts:
         for slot in slots.tolist():
             self._overflow.pop((row, slot), None)
 
-    def _row(self, function: str) -> int:
+    def _row(self, function: str) -> int | None:
         row = self._rows.get(function)
         if row is not None:
             return row
-        row = len(self._rows)
-        if row == len(self._blocks) * self.BLOCK_ROWS:
-            self._blocks.append(np.zeros((self.BLOCK_ROWS, MINUTES_KEPT), dtype=np.uint16))
+        if self.capacity is not None and len(self._rows) >= self.capacity and not self._evict():
+            return None
+        if self._free:
+            row = self._free.pop()
+            self._latest[row] = -1  # the next write clears the ring and its overflow
+        else:
+            row = len(self._latest)
+            if row == len(self._blocks) * self.BLOCK_ROWS:
+                self._blocks.append(np.zeros((self.BLOCK_ROWS, MINUTES_KEPT), dtype=np.uint16))
+            self._latest.append(-1)
         self._rows[function] = row
-        self._latest.append(-1)
+        self._evictable[function] = None
         return row
+
+    def _evict(self) -> bool:
+        """Forget the least recently counted function `keep` does not protect; False if none.
+        A function found protected leaves the queue for good (it is never scanned again)."""
+        while self._evictable:
+            function, _ = self._evictable.popitem(last=False)
+            if self.keep(function):
+                continue
+            self._free.append(self._rows.pop(function))
+            self.evicted += 1
+            return True
+        return False
 
 
 class HistoryStore:

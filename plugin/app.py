@@ -32,7 +32,7 @@ from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
 from plugin.decisions import RECENT
 from plugin.emitter import Emitter
-from plugin.errors import BadRequest
+from plugin.errors import BadRequest, SlowRequest, body_deadline
 from plugin.events import EventSink
 from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
 from plugin.forecasts import ForecastLoop
@@ -131,6 +131,7 @@ def _prewarming(app: web.Application, api: ApiClient, settings: Settings, watch:
     config, timeout = settings.prewarm, settings.kube.request_timeout_s
     sink, cache, forecasts = app[EVENTS], app[CACHE], app[FORECASTS]
     catalog = FunctionCatalog(observed=lambda f: sink.lifecycle.cold_starts_s.get(f, []))
+    sink.counts.keep = lambda function: function in catalog.services.items  # Knative's: never evicted
     elector = LeaderElector(
         api,
         namespace=config.namespace,
@@ -188,7 +189,7 @@ def _invoked_since(sink: EventSink, function: str, minute: int) -> bool:
 def _event_sink(settings: Settings) -> EventSink:
     """The history from its database (the last two days back in memory) and its sink."""
     store = HistoryStore(settings.history.path)
-    counts = MinuteCounts()
+    counts = MinuteCounts(capacity=settings.history.max_functions)
     rows = history.rebuild(store, counts, now_minute=int(time.time() // 60))
     pods = Lifecycle()
     pods.apply(store.lifecycle(since=time.time() - 2 * 86400))
@@ -221,8 +222,12 @@ def _background(
 
 
 async def _events(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
     return await events.receive(
-        request, request.app[EVENTS], max_body=request.app[SETTINGS].history.events_max_body_bytes
+        request,
+        request.app[EVENTS],
+        max_body=settings.history.events_max_body_bytes,
+        timeout_s=settings.server.body_timeout_s,
     )
 
 
@@ -298,7 +303,8 @@ async def _decoded(request: web.Request) -> Any:
     """The JSON body. A big one (full Node objects) is decoded on a worker thread: tens of
     megabytes take the better part of a second, which on the event loop would stall every
     other request, the CloudEvents sink's included."""
-    body = await request.read()
+    async with body_deadline(request.app[SETTINGS].server.body_timeout_s):
+        body = await request.read()
     if len(body) < DECODE_INLINE_BYTES:
         return wire.decode(body)
     return await asyncio.get_running_loop().run_in_executor(None, wire.decode, body)
@@ -365,14 +371,19 @@ async def _ui(request: web.Request) -> web.FileResponse:
 
 
 def _sample(app: web.Application) -> None:
-    """Set the gauges of current state: the cluster cache, the policy, the event queue."""
+    """Set the gauges of current state: the cluster cache, the policy, the event queue, the
+    functions held in memory."""
     cache = app[CACHE]
     snapshot = cache.snapshot
     metrics.cache_age.set(snapshot.age(cache.clock()))
     metrics.cache_nodes.set(len(snapshot.nodes))
     loaded = app[EXTENDER].loaded
     metrics.policy_fallback.set(1 if loaded.degraded else 0, {"kdrl.policy": app[SETTINGS].policy.name})
-    metrics.events_queue.set(app[EVENTS].pending)
+    sink = app[EVENTS]
+    metrics.events_queue.set(sink.pending)
+    metrics.history_functions.set(len(sink.counts))
+    metrics.history_forgotten.total(sink.counts.evicted, {"kdrl.reason": "evicted"})
+    metrics.history_forgotten.total(sink.counts.refused, {"kdrl.reason": "refused"})
 
 
 async def _sample_forever(app: web.Application) -> None:
@@ -451,7 +462,8 @@ _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Protocol errors -> 400, oversized bodies -> 413, bugs -> 500; all with a JSON `Error`."""
+    """Protocol errors -> 400, slow bodies -> 408, oversized ones -> 413, bugs -> 500; all with
+    a JSON `Error`."""
     try:
         return await handler(request)
     except BadRequest as error:
@@ -459,10 +471,20 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.json_response({"Error": str(error)}, status=400)
     except web.RequestPayloadError as error:  # e.g. Content-Encoding: gzip on a body that is not
         logger.info("%s %s: 400: unreadable body: %s", request.method, request.path, error)
-        return web.json_response({"Error": f"request body could not be read: {error}"}, status=400)
+        response = web.json_response({"Error": f"request body could not be read: {error}"}, status=400)
+        # The connection closes after this answer; the body ends here, so aiohttp does not read
+        # on after it (and log the same error again as an unhandled exception).
+        response.force_close()
+        request.content.feed_eof()
+        return response
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS].server.max_body_bytes
         return web.json_response({"Error": f"request body larger than {limit} bytes"}, status=413)
+    except SlowRequest as error:
+        logger.info("%s %s: 408: %s", request.method, request.path, error)
+        response = web.json_response({"Error": str(error)}, status=408)
+        response.force_close()  # the rest of the body is not worth waiting for
+        return response
     except web.HTTPException:
         raise
     except Exception as error:

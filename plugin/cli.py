@@ -45,6 +45,7 @@ from policies import ranking, registry
 from simulator import clusterspec, compare, htmlreport, plots, report, traces
 
 logger = logging.getLogger(__name__)
+LINGER_S = 2.0  # after an early answer (413, 408), seconds spent reading and dropping the rest of a body
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,7 +167,11 @@ async def _serve_until_stopped(config: settings.Settings) -> None:
     service = await app.create_app(config)
     server = config.server
     service[AUDIENCES] = audiences.by_port(server)
-    runner = web.AppRunner(service, access_log=None)
+    # keepalive_timeout also bounds the wait for a request's headers (aiohttp closes a
+    # connection still without a complete request then); lingering bounds draining an unread body.
+    runner = web.AppRunner(
+        service, access_log=None, keepalive_timeout=server.idle_timeout_s, lingering_time=LINGER_S
+    )
     await runner.setup()
     sites = [
         web.TCPSite(runner, server.host, server.port, ssl_context=_extender_tls(server.extender_tls_dir))

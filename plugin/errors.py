@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 
 class KdrlError(Exception):
     """Base of every error this project raises on purpose."""
@@ -9,6 +13,21 @@ class KdrlError(Exception):
 
 class BadRequest(KdrlError):
     """A request body that is not what the protocol says; answered with 400 and this text."""
+
+
+class SlowRequest(KdrlError):
+    """A request body that did not arrive in time; answered with 408, the connection closed."""
+
+
+@contextlib.asynccontextmanager
+async def body_deadline(seconds: float) -> AsyncIterator[None]:
+    """Bound a body read: a client sending a byte now and then holds its own connection for
+    `seconds`, not a handler for ever."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise SlowRequest(f"request body not received within {seconds:g} s") from None
 
 
 class ObjectError(BadRequest):

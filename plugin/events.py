@@ -36,7 +36,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from forecaster.history import ColdStart, Count, Effect, HistoryStore, Lifecycle, MinuteCounts
 from plugin import lifecycle, metrics
-from plugin.errors import BadRequest
+from plugin.errors import BadRequest, body_deadline
 from plugin.triggers import TriggerIndex, attributes_of
 
 logger = logging.getLogger(__name__)
@@ -239,9 +239,12 @@ def _timestamp(raw: object, where: str) -> datetime:
     return parsed
 
 
-async def receive(request: web.Request, sink: EventSink, *, max_body: int) -> web.Response:
+async def receive(
+    request: web.Request, sink: EventSink, *, max_body: int, timeout_s: float = 10.0
+) -> web.Response:
     """The handler: parse, interpret, commit, answer (202 with an empty body)."""
-    body = await _read_at_most(request, max_body)
+    async with body_deadline(timeout_s):
+        body = await _read_at_most(request, max_body)
     if body is None:
         metrics.events_rejected.add(1, {"http.response.status_code": 413})
         return web.json_response({"Error": f"event body larger than {max_body} bytes"}, status=413)

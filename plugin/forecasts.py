@@ -77,6 +77,9 @@ class ForecastLoop:
                 await loop.run_in_executor(None, self.cycle, choose)
                 if choose:
                     last_choice = self.clock()
+            except asyncio.CancelledError:
+                self.forecaster.stop.set()  # the worker thread gives up at its next chunk
+                raise
             except Exception:  # a failed cycle keeps the previous forecasts
                 metrics.forecast_failures.add(1)
                 logger.exception("forecast cycle failed; keeping the previous forecasts")

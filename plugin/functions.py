@@ -118,20 +118,48 @@ def _concurrency_target(annotations: Mapping[str, str], spec: Obj) -> float:
     return DEFAULT_CONCURRENCY_TARGET
 
 
-class Objects:
-    """Objects of one kind by `namespace/name`, kept by an informer (`informer.Handler`)."""
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
-    def __init__(self) -> None:
+
+def service_essentials(service: Obj) -> Obj:
+    """What the planner reads of a Service. Like client-go's informer transforms, the rest is
+    dropped on arrival: managedFields and kubectl's last-applied copy are most of an object, and
+    at `KDRL_MAX_FUNCTIONS` Services they would be most of the plugin's memory."""
+    meta = service.get("metadata") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != LAST_APPLIED}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    return {
+        "metadata": {"namespace": namespace, "name": name, "annotations": annotations},
+        "spec": {"template": (service.get("spec") or {}).get("template")},
+        "status": {"traffic": (service.get("status") or {}).get("traffic")},
+    }
+
+
+def image_essentials(image: Obj) -> Obj:
+    """What the planner reads of a Knative image cache object: its name and image."""
+    meta = image.get("metadata") or {}
+    return {
+        "metadata": {"namespace": meta.get("namespace"), "name": meta.get("name")},
+        "spec": {"image": (image.get("spec") or {}).get("image")},
+    }
+
+
+class Objects:
+    """Objects of one kind by `namespace/name`, kept by an informer (`informer.Handler`), each
+    reduced by `essentials` as it arrives."""
+
+    def __init__(self, essentials: Callable[[Obj], Obj] = lambda obj: obj) -> None:
         self.items: dict[str, Obj] = {}
+        self.essentials = essentials
 
     def replace(self, items: list[dict[str, Any]]) -> None:
-        self.items = {convert.object_key(o): o for o in items}
+        self.items = {convert.object_key(o): self.essentials(o) for o in items}
 
     def apply(self, type_: str, obj: dict[str, Any]) -> None:
         if type_ == "DELETED":
             self.items.pop(convert.object_key(obj), None)
         else:
-            self.items[convert.object_key(obj)] = obj
+            self.items[convert.object_key(obj)] = self.essentials(obj)
 
     def live(self, live: bool) -> None:
         """The last view holds while the API server is away."""
@@ -141,7 +169,7 @@ class FunctionCatalog:
     """Knative Services and Knative's image cache objects, as the planner's function states."""
 
     def __init__(self, observed: Callable[[str], Sequence[float]] = lambda _: ()) -> None:
-        self.services, self.images = Objects(), Objects()
+        self.services, self.images = Objects(service_essentials), Objects(image_essentials)
         self.observed = observed  # observed cold starts per function, seconds
 
     def snapshot(self) -> Callable[[], dict[str, FunctionState]]:

@@ -72,6 +72,10 @@ class Tally:
     def add(self, amount: int, attributes: Mapping[str, str]) -> None:
         self._counts[tuple(attributes.items())] += amount
 
+    def total(self, total: int, attributes: Mapping[str, str]) -> None:
+        """Set the running total of a count kept elsewhere (sampled, like a gauge)."""
+        self._counts[tuple(attributes.items())] = total
+
     def _observe(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
         # list() copies in one step under the GIL: an exporter thread may collect meanwhile.
         return [metrics.Observation(total, dict(key)) for key, total in list(self._counts.items())]
@@ -200,6 +204,16 @@ events_queue = meter.create_gauge(
     "kdrl.events.queue.depth", description="Event requests waiting for their commit to the history"
 )
 event_types = BoundedLabel(limit=100)
+
+# The history in memory (KDRL_MAX_FUNCTIONS): the database keeps what memory forgets.
+history_functions = meter.create_gauge(
+    "kdrl.history.functions", description="Functions whose minute history is held in memory and forecast"
+)
+history_forgotten = Tally(
+    "kdrl.history.forgotten",
+    description="At the cap: functions evicted (the least recently invoked name no Knative Service "
+    "has) and counts refused (every held function is a Service), by reason",
+)
 
 
 def start_counters(policy: str) -> None:

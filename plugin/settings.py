@@ -99,6 +99,19 @@ class ServerSettings:
         ),
     )
     tls_port: int = _setting(8443, "KDRL_TLS_PORT", "HTTPS port when KDRL_TLS_DIR is set.", check=_port)
+    idle_timeout_s: float = _setting(
+        15.0,
+        "KDRL_IDLE_TIMEOUT_S",
+        "A connection is closed after this many seconds without a complete request header "
+        "(idle keep-alive, or headers sent byte by byte).",
+        check=_positive,
+    )
+    body_timeout_s: float = _setting(
+        10.0,
+        "KDRL_BODY_TIMEOUT_S",
+        "Seconds a request body may take to arrive once its handler reads it (408 after).",
+        check=_positive,
+    )
     metrics: bool = _setting(
         True,
         "KDRL_METRICS",
@@ -164,6 +177,13 @@ class HistorySettings:
         1024,
         "KDRL_EVENTS_MAX_PENDING",
         "Event requests waiting for a commit before new ones get 429 (Eventing retries them).",
+        check=_positive,
+    )
+    max_functions: int = _setting(
+        20_000,
+        "KDRL_MAX_FUNCTIONS",
+        "Functions whose minute history is held in memory and forecast (Knative Services first; "
+        "names only events know are evicted, least recently invoked first). The database keeps all.",
         check=_positive,
     )
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+
 import numpy as np
 import pytest
 
+from forecaster import forecasting
 from forecaster.forecasting import CALIBRATION_EDGES, SHORT_STEPS, Forecaster, probability
 from forecaster.history import MinuteCounts
+from plugin.forecasts import ForecastLoop
 
 END = 10_000  # minutes since the epoch: any fixed "now"
 
@@ -106,3 +112,61 @@ def test_the_choice_records_both_picks(forecaster: Forecaster) -> None:
     assert set(choice.short_model) == set(choice.model) == {"ns/hourly", "ns/busy", "ns/rare"}
     assert all(choice.models(f, "busy") == (choice.short_model[f], choice.model[f]) for f in choice.model)
     assert choice.models("ns/unknown", "sparse") == ("CrostonSBA", "CrostonSBA")
+
+
+def test_chunks_change_nothing_and_a_stop_ends_the_cycle_at_the_next_one(
+    forecaster: Forecaster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunking bounds a cycle's memory; it must not change a forecast (pooled idle times,
+    calibration and choices are over every function, whatever the chunk)."""
+    whole_choice, whole = forecaster.choice, forecaster.forecast(END, horizon=30)
+    chunked = Forecaster(forecaster.counts)
+    monkeypatch.setattr(forecasting, "CHUNK_FUNCTIONS", 1)
+    choice = chunked.choose(END)
+    assert (choice.model, choice.short_model) == (whole_choice.model, whole_choice.short_model)
+    for kind, table in whole_choice.within.items():
+        assert np.array_equal(choice.within[kind], table)
+        assert np.array_equal(choice.calibration[kind], whole_choice.calibration[kind])
+    again = chunked.forecast(END, horizon=30)
+    assert {f: v.as_json() for f, v in again.items()} == {f: v.as_json() for f, v in whole.items()}
+
+    read: list[object] = []
+    reading = chunked.histories
+
+    def histories(end: int, functions: object = None) -> dict[str, np.ndarray]:
+        read.append(functions)
+        chunked.stop.set()  # as a shutdown would, while the first chunk is being forecast
+        return reading(end, functions)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chunked, "histories", histories)
+    with pytest.raises(forecasting.Stopped):
+        chunked.forecast(END, horizon=30)
+    assert len(read) == 1  # one chunk of three, then it gave up
+
+
+async def test_a_cancelled_forecast_loop_frees_its_worker_thread_at_the_next_chunk(
+    forecaster: Forecaster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM cancels the loop's task; the cycle's thread must not run on for a whole cycle
+    (minutes at the function cap) while the process waits to exit."""
+    monkeypatch.setattr(forecasting, "CHUNK_FUNCTIONS", 1)
+    model = Forecaster(forecaster.counts)
+    model.choice = forecaster.choice
+    started, chunks = threading.Event(), []
+    reading = model.histories
+
+    def histories(end: int, functions: object = None) -> dict[str, np.ndarray]:
+        started.set()
+        chunks.append(functions)
+        time.sleep(0.3)  # a chunk's worth of work
+        return reading(end, functions)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model, "histories", histories)
+    loop = ForecastLoop(forecaster=model, clock=lambda: END * 60.0, rechoose_s=float("inf"))
+    task = asyncio.create_task(loop.run())
+    await asyncio.to_thread(started.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(1.0)  # the thread finishes the chunk it is in, then gives up
+    assert model.stop.is_set() and len(chunks) <= 2  # of the 6 a cycle reads

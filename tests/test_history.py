@@ -44,6 +44,49 @@ def test_ring_size_fits_the_memory_budget() -> None:
     assert counts.nbytes == 10 * 1024 * MINUTES_KEPT * 2  # ten blocks of 1,024 rows: 59 MB
 
 
+def test_at_capacity_the_least_recently_counted_function_gives_its_row_and_nothing_leaks() -> None:
+    counts = MinuteCounts(capacity=3)
+    counts.add("ns/a", 100, 70_000)  # in the overflow map, which must not reach the row's next owner
+    counts.add("ns/b", 100, 1)
+    counts.add("ns/c", 100, 1)
+    counts.add("ns/a", 101, 1)  # a is recent again: b is now the least recently counted
+    counts.add("ns/d", 102, 5)
+    assert sorted(counts.functions) == ["ns/a", "ns/c", "ns/d"] and counts.evicted == 1
+    assert counts.series("ns/b", 103, 3).sum() == 0
+    assert list(counts.series("ns/d", 103, 4)) == [0, 0, 0, 5]  # b's minute 100 is not in d's row
+    counts.add("ns/e", 103, 1)  # evicts c, then a (the overflow's row) for f
+    counts.add("ns/f", 103, 1)
+    assert sorted(counts.functions) == ["ns/d", "ns/e", "ns/f"] and counts.evicted == 3
+    assert list(counts.series("ns/f", 104, 5)) == [0, 0, 0, 0, 1]
+    assert counts.nbytes == MinuteCounts.BLOCK_ROWS * MINUTES_KEPT * 2  # rows reused, never grown
+
+
+def test_a_flood_of_made_up_names_evicts_only_made_up_names() -> None:
+    services = {f"ns/svc-{i}" for i in range(50)}
+    counts = MinuteCounts(capacity=100, keep=services.__contains__)
+    for i in range(50):
+        counts.add(f"ns/svc-{i}", 1000, i + 1)
+    for i in range(10_000):
+        counts.add(f"flood/f{i}", 1001 + i // 100, 1)
+    assert len(counts) == 100 and counts.evicted == 10_000 - 50 and counts.refused == 0
+    assert services <= set(counts.functions)
+    assert counts.series("ns/svc-7", 1001, 1)[0] == 8  # the services' history intact
+    full = MinuteCounts(capacity=2, keep=lambda _: True)  # every held function protected
+    full.add("ns/a", 1, 1)
+    full.add("ns/b", 1, 1)
+    full.add("ns/c", 1, 1)
+    assert full.functions == ["ns/a", "ns/b"] and full.refused == 1 and full.evicted == 0
+
+
+def test_a_capped_rebuild_holds_the_most_recent_functions(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.db")
+    store.record([(None, Effect(counts=[Count(f"ns/f{i}", 10 + i, 1) for i in range(5)]))], now=0.0)
+    counts = MinuteCounts(capacity=3)
+    assert rebuild(store, counts, now_minute=20) == 5  # every row read; memory keeps three
+    assert sorted(counts.functions) == ["ns/f2", "ns/f3", "ns/f4"]
+    assert len(list(store.minutes(0))) == 5  # the database forgets nothing
+
+
 def test_idle_minutes() -> None:
     assert list(idle_minutes(np.array([0, 1, 0, 0, 2, 1]))) == [3.0, 1.0]
 

@@ -9,7 +9,10 @@ import gzip
 import json
 import logging
 import random
+import select
+import socket
 import sqlite3
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -22,19 +25,21 @@ import onnx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
-from cloudevents.core.bindings.http import to_binary_event
+from cloudevents.core.bindings.http import to_binary_event, to_structured_event
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench import extender as extender_bench
 from bench import fuzz, synthetic
 from forecaster.history import Count, Effect, HistoryStore, MinuteCounts
+from plugin import app as service
 from plugin import logs
 from plugin.events import INVOCATIONS, EventSink
+from plugin.settings import HistorySettings, KubeSettings, Settings
 from policies import heuristics, onnx_policy
 from policies.types import Node, NodeTable, PodRequest
-from tests.conftest import EXAMPLES
-from tests.test_events import event
+from tests.conftest import EXAMPLES, metric, write_objects
+from tests.test_events import event, report
 
 Client = TestClient[web.Request, web.Application]
 POD = synthetic.knative_pod("p", service="s", namespace="shop", uid="u1")
@@ -188,8 +193,11 @@ async def test_hours_must_be_a_finite_number(offline_client: Client, hours: str)
 )
 def test_content_encoding_is_honoured_or_refused(body: bytes, status: int) -> None:
     """Over a real socket (`kdrl serve`): aiohttp closes the connection after a body it cannot
-    decode, which the in-process test client reports as a disconnect instead of the 400."""
-    server, port, _ = extender_bench.serve_offline(EXAMPLES / "nodes.json", EXAMPLES / "pods.json")
+    decode, which the in-process test client reports as a disconnect instead of the 400;
+    and logs it once, as the 400 it is, not again as an unhandled exception."""
+    server, port, _ = extender_bench.serve_offline(
+        EXAMPLES / "nodes.json", EXAMPLES / "pods.json", capture_logs=True
+    )
     try:
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/scheduler/filter",
@@ -205,7 +213,8 @@ def test_content_encoding_is_honoured_or_refused(body: bytes, status: int) -> No
         assert answered == status
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        _, logged = server.communicate(timeout=20)
+    assert b"ERROR" not in logged and b"Traceback" not in logged, logged.decode()[-2000:]
 
 
 class RefusingStore(HistoryStore):
@@ -350,3 +359,70 @@ def test_the_mutator_changes_neither_its_seeds_nor_its_hostile_values() -> None:
     for _ in range(3000):
         fuzz.mutated(rng.choice(FUZZ_SEEDS), rng)
     assert hostile == fuzz.HOSTILE and [seed.document for seed in FUZZ_SEEDS] == documents
+
+
+async def test_a_flood_of_function_names_stays_under_the_cap_and_the_database_keeps_them(
+    aiohttp_client: Any, tmp_path: Path, small_cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]]
+) -> None:
+    nodes, pods = small_cluster
+    settings = Settings(
+        kube=KubeSettings(
+            nodes_file=write_objects(tmp_path, "nodes.json", nodes),
+            pods_file=write_objects(tmp_path, "pods.json", pods),
+        ),
+        history=HistorySettings(path=tmp_path / "h.db", max_functions=20),
+    )
+    client: Client = await aiohttp_client(await service.create_app(settings))
+    for batch in range(4):
+        reports = [report(f"flood/f{batch * 50 + i}", count=1) for i in range(50)]
+        message = to_structured_event(event(reports, id_=f"flood-{batch}"))
+        response = await client.post("/events", data=message.body, headers=message.headers)
+        assert response.status == 202, await response.text()
+    listed = (await (await client.get("/debug/functions")).json())["functions"]
+    assert len(listed) == 20 and "flood/f199" in listed  # the most recent names stay
+    assert (await client.get("/metrics")).status == 200  # a scrape samples the gauges
+    assert metric("kdrl.history.functions") == 20
+    assert metric("kdrl.history.forgotten", kdrl_reason="evicted") == 180
+    with sqlite3.connect(tmp_path / "h.db") as db:  # every acknowledged count is durable
+        assert db.execute("SELECT count(DISTINCT function), sum(count) FROM minutes").fetchone() == (200, 200)
+
+
+def _closed_within(connection: socket.socket, seconds: float) -> tuple[bytes, float]:
+    """What the server sent until it closed the connection, and when (or after `seconds`)."""
+    started, received = time.monotonic(), b""
+    connection.settimeout(0.2)
+    while time.monotonic() - started < seconds:
+        try:
+            chunk = connection.recv(4096)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        received += chunk
+    return received, time.monotonic() - started
+
+
+def test_slow_clients_are_cut_off_headers_and_bodies_alike() -> None:
+    """Slowloris: headers dripped a byte at a time are cut at KDRL_IDLE_TIMEOUT_S, a body that
+    stalls gets 408 at KDRL_BODY_TIMEOUT_S, and a fresh client is answered meanwhile."""
+    env = {"KDRL_IDLE_TIMEOUT_S": "1", "KDRL_BODY_TIMEOUT_S": "1"}
+    server, port, _ = extender_bench.serve_offline(EXAMPLES / "nodes.json", EXAMPLES / "pods.json", env=env)
+    try:
+        dripping = socket.create_connection(("127.0.0.1", port))
+        stalled = socket.create_connection(("127.0.0.1", port))
+        stalled.sendall(b"POST /scheduler/filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        started = time.monotonic()
+        for byte in b"POST /events HTTP/1.1\r\nHost: x\r\nX-Slow: ":
+            dripping.sendall(bytes([byte]))
+            if not select.select([dripping], [], [], 0.1)[0]:
+                continue
+            break  # the server spoke (or closed) before the headers ended
+        received, _ = _closed_within(dripping, 5)
+        assert received == b"" and time.monotonic() - started < 5  # closed, no request seen
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            assert response.status == 200
+        answer, after = _closed_within(stalled, 5)
+        assert answer.startswith(b"HTTP/1.1 408") and b"not received within 1 s" in answer and after < 5
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

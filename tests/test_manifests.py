@@ -5,15 +5,17 @@ kustomize lists them all, RBAC grants exactly the calls the code registers (`plu
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import celpy
 import kubernetes_validate
 import pytest
 import yaml
 
-from plugin import app, kube, settings
-from prewarm import prepull
+from plugin import app, kube, prewarming, settings
+from prewarm import actuation, prepull
 
 KNATIVE = Path(__file__).resolve().parent.parent / "knative"
 BASE = KNATIVE / "base"
@@ -260,3 +262,82 @@ def test_the_mtls_overlay_changes_only_the_extenders_transport() -> None:
     issuers = {c["metadata"]["name"]: set(c["spec"]) for c in certificates if c["kind"] == "Issuer"}
     assert issuers == {"kdrl-selfsigned": {"selfSigned"}, "kdrl-extender-ca": {"ca"}}
     assert server["spec"]["issuerRef"]["name"] == client["spec"]["issuerRef"]["name"] == "kdrl-extender-ca"
+
+
+def _merged(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies the plugin's patches."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merged(out.get(key), value)
+    return out
+
+
+def refused(policy: str, user: str, new: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """What the ValidatingAdmissionPolicy `policy` says of a request (CEL, by cel-python):
+    the messages of the validations that fail; none when it does not apply or all pass."""
+    document = find("ValidatingAdmissionPolicy", policy)["spec"]
+    environment = celpy.Environment()
+
+    def evaluate(expression: str, bindings: dict[str, Any]) -> Any:
+        return environment.program(environment.compile(expression)).evaluate(bindings)
+
+    bindings: dict[str, Any] = {
+        "request": celpy.json_to_cel({"userInfo": {"username": user}}),
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+    }
+    if not all(evaluate(c["expression"], bindings) for c in document.get("matchConditions", [])):
+        return []
+    variables: dict[str, Any] = {}
+    for variable in document.get("variables", []):
+        variables[variable["name"]] = evaluate(variable["expression"], {**bindings, "variables": variables})
+    bindings["variables"] = celpy.celtypes.MapType(variables)
+    return [v["message"] for v in document["validations"] if not evaluate(v["expression"], bindings)]
+
+
+PLUGIN_USER = "system:serviceaccount:kdrl-system:kdrl-plugin"
+REVISION = {
+    "apiVersion": "serving.knative.dev/v1",
+    "kind": "Revision",
+    "metadata": {
+        "name": "shop-00001",
+        "namespace": "shop",
+        "uid": "u1",
+        "labels": {"serving.knative.dev/service": "shop"},
+        "annotations": {"autoscaling.knative.dev/target": "10", "autoscaling.knative.dev/min-scale": "1"},
+    },
+    "spec": {"containers": [{"image": "registry.example/shop@sha256:" + "a" * 64}]},
+}
+
+
+def test_the_plugin_may_change_only_min_scale_and_its_annotations_of_a_revision() -> None:
+    change = actuation.warm(REVISION["metadata"]["annotations"], 3, datetime(2026, 12, 4, 12, tzinfo=UTC))
+    warmed = _merged(REVISION, change.patch)
+    assert warmed["metadata"]["annotations"]["autoscaling.knative.dev/min-scale"] == "3"
+    assert refused("kdrl-plugin-revisions", PLUGIN_USER, warmed, REVISION) == []
+    restored = _merged(warmed, actuation.restore(warmed["metadata"]["annotations"]).patch)
+    assert restored == REVISION and refused("kdrl-plugin-revisions", PLUGIN_USER, restored, warmed) == []
+    other_changes = [
+        {"metadata": {"annotations": {"autoscaling.knative.dev/max-scale": "1000"}}},
+        {"metadata": {"annotations": {"autoscaling.knative.dev/target": None}}},
+        {"metadata": {"labels": {"serving.knative.dev/service": "bank"}}},
+        {"metadata": {"finalizers": ["hold"]}},
+        {"spec": {"containers": [{"image": "attacker.example/miner"}]}},
+    ]
+    for patch in other_changes:
+        assert refused("kdrl-plugin-revisions", PLUGIN_USER, _merged(REVISION, patch), REVISION), patch
+        assert refused("kdrl-plugin-revisions", "alice", _merged(REVISION, patch), REVISION) == []
+
+
+def test_the_plugin_records_only_prewarm_events_about_revisions() -> None:
+    event = prewarming.prewarm_event(REVISION, "warm", "min-scale 3", datetime(2026, 12, 4, tzinfo=UTC))
+    assert refused("kdrl-plugin-events", PLUGIN_USER, event) == []
+    about_a_pod = {**event, "involvedObject": {**event["involvedObject"], "kind": "Pod", "apiVersion": "v1"}}
+    elsewhere = {**event, "metadata": {**event["metadata"], "namespace": "kube-system"}}
+    for forged in (about_a_pod, elsewhere, {**event, "reason": "NodeNotReady"}, {**event, "type": "Warning"}):
+        assert refused("kdrl-plugin-events", PLUGIN_USER, forged)

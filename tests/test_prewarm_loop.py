@@ -346,3 +346,26 @@ async def test_warm_windows_are_judged_hits_or_misses_and_changes_counted(
     await cycle.cycle()  # released unused: a miss
     assert metric("kdrl.prewarm.windows", kdrl_result="miss") == before["miss"] + 1
     assert metric("kdrl.prewarm.windows", kdrl_result="hit") == before["hit"] + 1
+
+
+def test_the_catalog_keeps_of_a_service_only_what_the_planner_reads() -> None:
+    """managedFields and kubectl's last-applied copy are dropped on arrival (client-go's
+    informer transforms do the same): at the function cap they would be most of the memory."""
+    full = knative_service()
+    full["metadata"] |= {
+        "uid": "u1",
+        "resourceVersion": "42",
+        "annotations": {
+            "kdrl.dev/prewarm": "false",
+            "kubectl.kubernetes.io/last-applied-configuration": "x" * 4000,
+        },
+        "managedFields": [{"manager": f"m{i}", "fieldsV1": {"f:spec": {"x" * 50: {}}}} for i in range(20)],
+    }
+    full["status"] |= {"conditions": [{"type": "Ready", "status": "True"}] * 3, "url": "http://hello.shop"}
+    catalog = FunctionCatalog()
+    catalog.services.replace([full])
+    (kept,) = catalog.services.items.values()
+    assert "managedFields" not in kept["metadata"] and "conditions" not in kept["status"]
+    assert list(kept["metadata"]["annotations"]) == ["kdrl.dev/prewarm"]
+    assert catalog.states() == {"shop/hello": function_state(full)}  # the planner sees the same
+    assert len(repr(kept)) < len(repr(full)) / 5
