@@ -276,16 +276,16 @@ def main() -> None:
     parser.add_argument("--rss", action="store_true", help="the service's memory per history size")
     parser.add_argument("--functions", default="10000", help="with --rss: sizes, comma-separated")
     parser.add_argument(
-        "--sigterm", action="store_true", help="with --rss: also time a SIGTERM mid-cycle at the largest size"
+        "--sigterm", action="store_true", help="time a SIGTERM mid-cycle at the largest --functions size"
     )
     parser.add_argument(
         "--flood", type=int, default=0, help="with --rss: one more run, the largest size + N names"
     )
     args = parser.parse_args()
-    if args.rss:
+    if args.rss or args.sigterm:
         sizes = [int(n) for n in args.functions.split(",")]
-        table = [service_memory(n) for n in sizes]
-        if args.flood:
+        table = [service_memory(n) for n in sizes] if args.rss else []
+        if args.rss and args.flood:
             table.append(service_memory(max(sizes), args.flood))
         shutdown = [shutdown_time(max(sizes))] if args.sigterm else []
         if args.json:

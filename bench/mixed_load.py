@@ -9,7 +9,9 @@ process: the scheduler (one keep-alive connection, one prioritize call at a time
 names; bench.extender's client) and Eventing (16 concurrent senders of binary
 `dev.kdrl.invocations.v1` events, each answered only after its commit). Each round measures,
 in a random order, events alone, prioritize alone and both together; the ratios (together /
-alone) are paired within a round and given as medians with a 95 % bootstrap interval.
+alone) are paired within a round and given as medians with a 95 % bootstrap interval, and so
+is their sum over both clients: about 1 when the server's time is shared between them (neither
+starved), far below 1 when one waits on the other.
 On 2 cores the two clients take CPU the server would otherwise have: the "alone" rows have
 one client fewer competing, which the ratios include.
 """
@@ -118,6 +120,13 @@ def run(nodes: int, policy: str, rounds: int, seconds: float, seed: int = 0) -> 
             server.terminate()
             server.wait(timeout=30)
     table: dict[str, Any] = {"nodes": nodes, "policy": policy, "rounds": rounds, "seconds": seconds}
+    # Each client's share of what it gets alone, summed: ~1 when the server's time is shared
+    # between them (neither starved), far below 1 when one waits on the other for nothing.
+    shares = [
+        sum(together[name][r][0] / alone[name][r][0] for name in ("events", "prioritize"))
+        for r in range(rounds)
+    ]
+    table["shares_summed"] = [round(v, 3) for v in _interval(shares, rng)]
     for name in ("events", "prioritize"):
         rate_alone = [rate for rate, _ in alone[name]]
         rate_together = [rate for rate, _ in together[name]]
@@ -158,6 +167,10 @@ def main() -> None:
             f"{name:<11} {row['per_s_alone']:>9} {row['per_s_together']:>12} {interval:>26} "
             f"{row['p99_ms_alone']:>13} {row['p99_ms_together']:>16}"
         )
+    total, low, high = table["shares_summed"]
+    print(
+        f"together/alone, both clients summed: {total:.3f} [{low:.3f}, {high:.3f}] (1: shared, none starved)"
+    )
 
 
 if __name__ == "__main__":

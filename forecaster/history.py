@@ -83,14 +83,19 @@ class Effect:
 
 
 class Lifecycle:
-    """Pods and routes as the events told them: scale events and observed cold starts."""
+    """Pods and routes as the events told them: scale events and observed cold starts.
+
+    Bounded like `MinuteCounts`, since events can name anything: at most `max_pods` pods (the
+    oldest tracked one is let go; a pod that lives on is told again by its next event) and
+    observed cold starts of at most `max_functions` functions (least recently observed let go)."""
 
     RECENT = 100  # observed cold starts kept per function
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_pods: int = 100_000, max_functions: int = 20_000) -> None:
         self.pods: dict[str, PodChange] = {}
         self.routes: dict[str, str] = {}
-        self.cold_starts_s: dict[str, list[float]] = {}
+        self.cold_starts_s: OrderedDict[str, list[float]] = OrderedDict()
+        self.max_pods, self.max_functions = max_pods, max_functions
 
     def apply(self, effect: Effect) -> list[ColdStart]:
         """Take in what an event changed; returns the cold starts it completed."""
@@ -113,12 +118,17 @@ class Lifecycle:
             if merged.ready is not None and (known is None or known.ready is None):
                 completed.append(_cold_start(merged, merged.ready))
                 observed = self.cold_starts_s.setdefault(merged.function, [])
+                self.cold_starts_s.move_to_end(merged.function)
                 observed.append(completed[-1].seconds)
                 del observed[: -self.RECENT]
+                if len(self.cold_starts_s) > self.max_functions:
+                    self.cold_starts_s.popitem(last=False)
             if merged.deleted is not None:
                 self.pods.pop(change.uid, None)
             else:
                 self.pods[change.uid] = merged
+                if len(self.pods) > self.max_pods:
+                    del self.pods[next(iter(self.pods))]
         for route in effect.routes:
             if route.revision is None:
                 self.routes.pop(route.function, None)
@@ -197,6 +207,27 @@ class MinuteCounts:
         else:
             self._overflow.pop((row, slot), None)
             ring[slot] = total
+
+    def load(self, function: str, minutes: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> None:
+        """A function's distinct minutes at once, as `add` would take them one by one (the
+        rebuild from the database: per row, `add` costs more than SQLite's read)."""
+        if function in self._rows or len(minutes) == 0:
+            for minute, count in zip(minutes.tolist(), counts.tolist(), strict=True):
+                self.add(function, minute, count)
+            return
+        row = self._row(function)
+        if row is None:
+            self.refused += len(minutes)
+            return
+        newest = int(minutes.max())
+        kept = minutes > newest - MINUTES_KEPT
+        slots, values = minutes[kept] % MINUTES_KEPT, counts[kept]
+        ring = self._ring(row)
+        self._clear(row, -1, newest)
+        ring[slots] = np.minimum(values, _SATURATED)
+        for slot, value in zip(slots[values >= _SATURATED].tolist(), values[values >= _SATURATED].tolist()):
+            self._overflow[(row, slot)] = value
+        self._latest[row] = newest
 
     def series(self, function: str, end_minute: int, minutes: int) -> npt.NDArray[np.int64]:
         """Counts for minutes [end - minutes, end), zeros where nothing (or nothing kept)."""
@@ -333,6 +364,20 @@ class HistoryStore:
         for function, minute, count in self._db.execute(query, (since_minute,)):
             yield Count(function, minute, count)
 
+    def recency(self, since_minute: int) -> list[str]:
+        """Functions with minute rows from `since_minute` on, least recently invoked first."""
+        query = (
+            "SELECT function, max(minute) AS newest FROM minutes WHERE minute >= ? "
+            "GROUP BY function ORDER BY newest, function"
+        )
+        return [function for function, _ in self._db.execute(query, (since_minute,))]
+
+    def series(self, function: str, since_minute: int) -> npt.NDArray[np.int64]:
+        """One function's (minute, count) rows from `since_minute` on, oldest first."""
+        query = "SELECT minute, count FROM minutes WHERE function = ? AND minute >= ? ORDER BY minute"
+        rows = self._db.execute(query, (function, since_minute)).fetchall()
+        return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
     def lifecycle(self, *, since: float) -> Effect:
         """Pods created since `since` and every route, to rebuild a `Lifecycle`."""
         rows = self._db.execute(
@@ -390,11 +435,19 @@ def _connect(location: str) -> sqlite3.Connection:
 
 
 def rebuild(store: HistoryStore, counts: MinuteCounts, *, now_minute: int) -> int:
-    """Load the store's last two days into `counts`; returns the rows read."""
+    """Load the store's last two days into `counts`, least recently invoked function first (so
+    that, over the cap, the most recent ones are held); returns the rows read."""
+    since = now_minute - MINUTES_KEPT + 1
+    functions = store.recency(since)
+    if counts.capacity is not None:
+        functions = (
+            functions[len(functions) - counts.capacity :] if len(functions) > counts.capacity else functions
+        )
     rows = 0
-    for row in store.minutes(now_minute - MINUTES_KEPT + 1):
-        counts.add(row.function, row.minute, row.count)
-        rows += 1
+    for function in functions:
+        series = store.series(function, since)
+        counts.load(function, series[:, 0], series[:, 1])
+        rows += len(series)
     return rows
 
 

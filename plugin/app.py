@@ -191,7 +191,7 @@ def _event_sink(settings: Settings) -> EventSink:
     store = HistoryStore(settings.history.path)
     counts = MinuteCounts(capacity=settings.history.max_functions)
     rows = history.rebuild(store, counts, now_minute=int(time.time() // 60))
-    pods = Lifecycle()
+    pods = Lifecycle(max_functions=settings.history.max_functions)
     pods.apply(store.lifecycle(since=time.time() - 2 * 86400))
     logger.info(
         "history %s: %d minute rows, %d functions", settings.history.path, rows, len(counts.functions)

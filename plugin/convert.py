@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -35,6 +36,10 @@ SCHEDULER_NAME = "kdrl-scheduler"  # the second kube-scheduler the install runs 
 SERVICE_LABEL = "serving.knative.dev/service"
 CONFIGURATION_LABEL = "serving.knative.dev/configuration"
 REVISION_LABEL = "serving.knative.dev/revision"
+# Kubernetes names (DNS-1123 labels): namespaces, Knative Services and Revisions are named so,
+# and only such names reach the history database.
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+FUNCTION = re.compile(rf"{NAME.pattern}/{NAME.pattern}")  # namespace/service
 PRIORITY_ANNOTATION = "kdrl.dev/priority"
 GPU_RESOURCE = "nvidia.com/gpu"
 

@@ -18,7 +18,6 @@ import asyncio
 import json
 import logging
 import math
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +34,7 @@ from opentelemetry import context, trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from forecaster.history import ColdStart, Count, Effect, HistoryStore, Lifecycle, MinuteCounts
-from plugin import lifecycle, metrics
+from plugin import convert, lifecycle, metrics
 from plugin.errors import BadRequest, body_deadline
 from plugin.triggers import TriggerIndex, attributes_of
 
@@ -49,8 +48,6 @@ MAX_COUNT = 10**8  # per report: far above any function's minute (the trace's bu
 MAX_WINDOW_S = 3600  # one report covers at most an hour
 FUTURE_SLACK = timedelta(minutes=5)  # clock skew we forgive
 OLDEST = timedelta(days=30)  # older reports are refused: history beyond two days is hourly anyway
-# namespace/service: both DNS-1123 labels, as Kubernetes names them (what the history stores).
-FUNCTION = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_KEY_LENGTH = 1024  # an event's source and id, the deduplication key
 
 
@@ -207,7 +204,7 @@ def invocation_counts(event: BaseCloudEvent, *, now: datetime) -> list[Count]:
 
 def _spread(report: dict[str, Any], where: str, now: datetime) -> list[Count]:
     function = report.get("function")
-    if not isinstance(function, str) or not FUNCTION.fullmatch(function):
+    if not isinstance(function, str) or not convert.FUNCTION.fullmatch(function):
         raise BadRequest(
             f"{where}.function: expected 'namespace/service' (Kubernetes names), got {function!r:.200}"
         )
@@ -321,8 +318,9 @@ def _effect_of(event: BaseCloudEvent, sink: EventSink, now: datetime, via: Deliv
             when = now  # a sender's clock far off: the delivery time is the better guess
         minute = int(when.timestamp() // 60)
         return Effect(counts=[Count(function, minute, 1) for function in functions])
-    sink.unknown_types[event.get_type()] += 1
-    metrics.events_unknown.add(1, {"cloudevents.event_type": metrics.event_types(event.get_type())})
+    event_type = metrics.event_types(event.get_type())  # bounded: 100 types, then "other"
+    sink.unknown_types[event_type] += 1
+    metrics.events_unknown.add(1, {"cloudevents.event_type": event_type})
     logger.debug(
         "CloudEvent of type %s from %s invokes no known function", event.get_type(), event.get_source()
     )

@@ -19,6 +19,7 @@ from plugin.errors import BadRequest
 
 PREFIX = "dev.knative.apiserver.resource."
 ROUTING_STATE = "serving.knative.dev/routingState"
+MAX_UID_LENGTH = 128  # a uid is a UUID (36); what the history keys pods by
 
 
 def effect(event_type: str, obj: Any, *, now: float) -> Effect:
@@ -33,12 +34,14 @@ def effect(event_type: str, obj: Any, *, now: float) -> Effect:
     function = convert.function_of(namespace, labels)
     if function is None:
         return Effect()
+    if not convert.FUNCTION.fullmatch(function):
+        raise BadRequest(f"{event_type}: {function!r:.200} is not namespace/service (Kubernetes names)")
     deleted = event_type.endswith(".delete")
     if obj.get("kind") == "Pod":
         return Effect(pods=[_pod_change(obj, meta, labels, function, deleted=deleted, now=now)])
     if obj.get("kind") == "Revision":
         if labels.get(ROUTING_STATE) == "active" and not deleted:
-            return Effect(routes=[Route(function, str(meta.get("name")))])
+            return Effect(routes=[Route(function, _name(meta.get("name"), "revision: metadata.name"))])
         return Effect()
     return Effect()
 
@@ -64,15 +67,31 @@ def _pod_change(
                 condition.get("lastTransitionTime"), f"status.conditions[{kind}].lastTransitionTime"
             )
     gone = _time(meta.get("deletionTimestamp"), "metadata.deletionTimestamp")
+    uid = meta.get("uid") or f"{function.partition('/')[0]}/{_name(meta.get('name'), 'pod: name', 253)}"
+    # printable also rules out lone surrogates, which SQLite cannot store
+    if not isinstance(uid, str) or len(uid) > MAX_UID_LENGTH or not uid.isprintable():
+        raise BadRequest(f"pod: metadata.uid {uid!r:.100} is not an object uid")
+    revision = labels.get(convert.REVISION_LABEL)
     return PodChange(
-        uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"),
+        uid=uid,
         function=function,
-        revision=str(labels.get(convert.REVISION_LABEL, "")),
+        revision="" if revision is None else _name(revision, f"pod: labels[{convert.REVISION_LABEL}]"),
         created=created,
         ready=since["Ready"],
         deleted=(gone or now) if deleted else None,
         scheduled=since["PodScheduled"],
     )
+
+
+def _name(raw: object, where: str, limit: int = 63) -> str:
+    """A Kubernetes name (a DNS-1123 label, or a subdomain up to `limit` for pods)."""
+    if (
+        not isinstance(raw, str)
+        or len(raw) > limit
+        or not all(convert.NAME.fullmatch(part) for part in (raw.split(".") if limit > 63 else [raw]))
+    ):
+        raise BadRequest(f"{where}: {raw!r:.100} is not a Kubernetes name")
+    return raw
 
 
 def _time(raw: object, where: str) -> float | None:

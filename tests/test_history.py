@@ -82,9 +82,47 @@ def test_a_capped_rebuild_holds_the_most_recent_functions(tmp_path: Path) -> Non
     store = HistoryStore(tmp_path / "h.db")
     store.record([(None, Effect(counts=[Count(f"ns/f{i}", 10 + i, 1) for i in range(5)]))], now=0.0)
     counts = MinuteCounts(capacity=3)
-    assert rebuild(store, counts, now_minute=20) == 5  # every row read; memory keeps three
+    assert rebuild(store, counts, now_minute=20) == 3  # only the rows memory keeps are read
     assert sorted(counts.functions) == ["ns/f2", "ns/f3", "ns/f4"]
     assert len(list(store.minutes(0))) == 5  # the database forgets nothing
+
+
+def test_a_rebuild_holds_what_adding_every_row_would(tmp_path: Path) -> None:
+    """`rebuild` loads each function's rows at once: the same series, overflow included, as
+    adding the rows one by one, and the same least recently invoked function evicted next."""
+    rng = np.random.default_rng(3)
+    now = 10 * MINUTES_KEPT
+    rows = [
+        Count(f"ns/f{f}", int(minute), int(rng.choice([1, 7, 70_000])))
+        for f in range(30)
+        for minute in rng.choice(
+            np.arange(now - 2 * MINUTES_KEPT, now), size=int(rng.integers(1, 300)), replace=False
+        )
+    ]
+    store = HistoryStore(tmp_path / "h.db")
+    store.record([(None, Effect(counts=rows))], now=0.0)
+    rebuilt, added = MinuteCounts(capacity=30), MinuteCounts(capacity=30)
+    rebuild(store, rebuilt, now_minute=now)
+    for row in sorted(rows, key=lambda r: r.minute):
+        if row.minute > now - MINUTES_KEPT:
+            added.add(row.function, row.minute, row.count)
+    assert sorted(rebuilt.functions) == sorted(added.functions)
+    for function in added.functions:
+        assert np.array_equal(
+            rebuilt.series(function, now + 1, MINUTES_KEPT), added.series(function, now + 1, MINUTES_KEPT)
+        )
+    rebuilt.add("ns/new", now, 1)
+    added.add("ns/new", now, 1)
+    assert sorted(rebuilt.functions) == sorted(added.functions)  # the same one evicted
+
+
+def test_the_lifecycle_is_bounded_like_the_counts() -> None:
+    """Events can name any pod of any function: pods and observed cold starts are capped."""
+    pods = Lifecycle(max_pods=3, max_functions=2)
+    for i in range(5):
+        pods.apply(Effect(pods=[PodChange(f"u{i}", f"ns/f{i}", "r", created=10.0 * i, ready=10.0 * i + 2)]))
+    assert list(pods.pods) == ["u2", "u3", "u4"]  # the oldest tracked pods let go
+    assert list(pods.cold_starts_s) == ["ns/f3", "ns/f4"] and pods.cold_starts_s["ns/f4"] == [2.0]
 
 
 def test_idle_minutes() -> None:

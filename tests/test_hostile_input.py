@@ -133,6 +133,8 @@ def apiserver_event(data: Any, type_: str = "dev.knative.apiserver.resource.upda
     }
 
 
+SERVICE_LABEL, REVISION = "serving.knative.dev/service", "serving.knative.dev/revision"
+SERVICE = {SERVICE_LABEL: "s"}
 EVENT_DATA = [
     ("pod metadata a list", {"kind": "Pod", "metadata": ["x"]}),
     ("pod labels a string", {"kind": "Pod", "metadata": {"namespace": "shop", "labels": "x"}}),
@@ -156,6 +158,28 @@ EVENT_DATA = [
         "namespace a number",
         {"kind": "Pod", "metadata": {"namespace": 5, "labels": {"serving.knative.dev/service": "s"}}},
     ),
+    # Found by bench.fuzz (1,000,000 bodies): a pod's uid with a lone surrogate reached SQLite (500).
+    (
+        "uid a lone surrogate",
+        {"kind": "Pod", "metadata": {"uid": "\ud800", "namespace": "shop", "labels": SERVICE}},
+    ),
+    ("uid a number", {"kind": "Pod", "metadata": {"uid": 7, "namespace": "shop", "labels": SERVICE}}),
+    ("no uid, no name", {"kind": "Pod", "metadata": {"namespace": "shop", "labels": SERVICE}}),
+    (
+        "revision label not a name",
+        {
+            "kind": "Pod",
+            "metadata": {"uid": "u", "namespace": "shop", "labels": {**SERVICE, REVISION: "\ud800"}},
+        },
+    ),
+    ("service label not a name", {"kind": "Pod", "metadata": {"uid": "u", "labels": {SERVICE_LABEL: "A/b"}}}),
+    (
+        "routed revision not a name",
+        {
+            "kind": "Revision",
+            "metadata": {"name": "x\ny", "labels": {**SERVICE, "serving.knative.dev/routingState": "active"}},
+        },
+    ),
 ]
 
 
@@ -163,7 +187,7 @@ async def test_a_condition_of_an_unknown_type_is_ignored(offline_client: Client)
     """Found by bench.fuzz: a condition whose type is a list (it was a 500: unhashable)."""
     data = {
         "kind": "Pod",
-        "metadata": {"namespace": "shop", "labels": {"serving.knative.dev/service": "s"}},
+        "metadata": {"name": "p", "uid": "u1", "namespace": "shop", "labels": SERVICE},
         "status": {"conditions": [{"type": ["Ready"], "status": "True"}]},
     }
     response = await offline_client.post("/events", data=json.dumps(data), headers=apiserver_event(data))
