@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -132,6 +133,17 @@ class Choice:
     calibration: dict[str, FloatArray] = field(default_factory=dict)  # class -> P(>=1) per edge bin
     within: dict[str, FloatArray] = field(default_factory=dict)  # class -> P(any) per k bucket and bin
 
+    def of(self, functions: Iterable[str]) -> Choice:
+        """The picks for `functions` only, with every calibration (what one chunk needs)."""
+        names = list(functions)
+        return Choice(
+            model={f: self.model[f] for f in names if f in self.model},
+            short_model={f: self.short_model[f] for f in names if f in self.short_model},
+            relative_mae={f: self.relative_mae[f] for f in names if f in self.relative_mae},
+            calibration=self.calibration,
+            within=self.within,
+        )
+
     def models(self, function: str, kind: str) -> tuple[str, str]:
         """(first minutes, the rest): the backtest's picks, or the class default before one."""
         later = self.model.get(function, DEFAULT_MODEL[kind])
@@ -180,8 +192,124 @@ class Stopped(Exception):
     """A cycle given up between two chunks because its `stop` event was set."""
 
 
+Histories = dict[str, npt.NDArray[np.int64]]
+Task = TypeVar("Task")
+Result = TypeVar("Result")
+
+
+class Engine(Protocol):
+    """Where a cycle's chunks run: each `work(task)` is pure, so any engine gives the same
+    answer. Results come back in the order of the tasks, lazily, so that a cycle holds only the
+    chunks in flight (`tasks` is a generator)."""
+
+    def map(self, work: Callable[[Task], Result], tasks: Iterable[Task]) -> Iterator[Result]: ...
+
+
+class LocalEngine:
+    """In this process, one chunk at a time (the default, and the fallback of any other)."""
+
+    def map(self, work: Callable[[Task], Result], tasks: Iterable[Task]) -> Iterator[Result]:
+        return (work(task) for task in tasks)
+
+
+@dataclass(frozen=True)
+class BacktestTask:
+    """Model choice for one chunk of one class: histories in, picks and tallies out."""
+
+    histories: Histories
+    end_minute: int
+    horizon: int
+    kind: str
+    with_ets: bool
+    training_minutes: int
+
+
+@dataclass(frozen=True)
+class Picks:
+    kind: str
+    model: dict[str, str]
+    short_model: dict[str, str]
+    relative_mae: dict[str, float]
+    tallies: FloatArray  # `_calibration_tallies`: summed over chunks
+
+
+def backtest(task: BacktestTask) -> Picks:
+    """The rolling-origin backtest of one chunk (pure: runs on any engine)."""
+    names = candidates(task.kind, task.training_minutes, with_ets=task.with_ets)
+    frame = _frame(list(task.histories), task.histories, task.end_minute, task.training_minutes)
+    result = _engine(names).cross_validation(
+        df=frame, h=task.horizon, step_size=BACKTEST_STEP, n_windows=BACKTEST_WINDOWS
+    )
+    choice = Choice()
+    tallies = _calibration_tallies(_pick(result, names, choice))
+    return Picks(task.kind, choice.model, choice.short_model, choice.relative_mae, tallies)
+
+
+@dataclass(frozen=True)
+class ForecastTask:
+    """Forecasts for one chunk: its histories, the pooled idle-time prior, the choice's picks
+    for its functions and the calibration."""
+
+    histories: Histories
+    end_minute: int
+    horizon: int
+    prior: FloatArray
+    choice: Choice
+    training_minutes: int
+
+
+def forecast_chunk(task: ForecastTask) -> dict[str, Forecast]:
+    """One chunk's forecasts (pure: runs on any engine)."""
+    histories, end_minute, horizon, choice = task.histories, task.end_minute, task.horizon, task.choice
+    gaps = {function: idle_minutes(series) for function, series in histories.items()}
+    windows = _hybrid_windows(gaps)
+    idle = idle_answers(histories, gaps, horizon, task.prior)
+    out: dict[str, Forecast] = {}
+    for kind, functions in classes(histories).items():
+        plans = {function: choice.models(function, kind) for function in functions}
+        by_model: dict[str, list[str]] = {}
+        for function, plan in plans.items():
+            for name in dict.fromkeys(plan):
+                by_model.setdefault(name, []).append(function)
+        predicted: dict[tuple[str, str], FloatArray] = {}
+        for name, members in by_model.items():
+            frame = _frame(members, histories, end_minute, task.training_minutes)
+            for function, rows in _engine([name]).forecast(df=frame, h=horizon).groupby("unique_id"):
+                predicted[name, str(function)] = rows[name].to_numpy(dtype=np.float64)
+        for function, (short, later) in plans.items():
+            expected = predicted[later, function].copy()
+            expected[:SHORT_STEPS] = predicted[short, function][:SHORT_STEPS]
+            expected = np.clip(expected, 0.0, None)
+            prewarm, keepalive = windows[function]
+            out[function] = Forecast(
+                function=function,
+                start_minute=end_minute,
+                expected=expected,
+                p_invoked=probability(expected, choice.calibration.get(kind)),
+                p_within=within_probability(expected, choice.within.get(kind)),
+                prewarm_minutes=prewarm,
+                keepalive_minutes=keepalive,
+                model=later,
+                short_model=short,
+                relative_mae=choice.relative_mae.get(function),
+                p_within_idle=idle[function][0],
+                pattern=idle[function][1],
+                elapsed_minutes=idle[function][2],
+            )
+    return out
+
+
+def classes(histories: Mapping[str, npt.NDArray[np.int64]]) -> dict[str, list[str]]:
+    """Functions by class, from the share of recent minutes with an invocation."""
+    out: dict[str, list[str]] = {"sparse": [], "busy": []}
+    for function, counts in histories.items():
+        share = float(np.count_nonzero(counts)) / len(counts)
+        out["busy" if share >= BUSY_SHARE else "sparse"].append(function)
+    return out
+
+
 class Forecaster:
-    """Forecasts every function the history knows.
+    """Forecasts every function the history knows, a chunk at a time on its `engine`.
 
     `stop`: once set, a running `choose` or `forecast` gives up at the next chunk (raising
     `Stopped`), so a service shutting down waits seconds for its worker thread, not a cycle."""
@@ -192,74 +320,69 @@ class Forecaster:
         *,
         training_minutes: int = TRAINING_MINUTES,
         stop: threading.Event | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.counts = counts
         self.training_minutes = training_minutes
         self.stop = stop or threading.Event()
+        self.engine: Engine = engine or LocalEngine()
         self.choice = Choice()
 
-    def histories(
-        self, end_minute: int, functions: Sequence[str] | None = None
-    ) -> dict[str, npt.NDArray[np.int64]]:
+    def histories(self, end_minute: int, functions: Sequence[str] | None = None) -> Histories:
         """The last `training_minutes` of counts of `functions` (default: every function)."""
         names = self.counts.functions if functions is None else functions
         return {f: self.counts.series(f, end_minute, self.training_minutes) for f in names}
 
-    def chunks(self, end_minute: int) -> Iterator[dict[str, npt.NDArray[np.int64]]]:
-        """Every function's history, `CHUNK_FUNCTIONS` at a time: what bounds a cycle's memory."""
-        functions = self.counts.functions
-        for first in range(0, len(functions), CHUNK_FUNCTIONS):
-            self._check_stop()
-            yield self.histories(end_minute, functions[first : first + CHUNK_FUNCTIONS])
-
-    def _check_stop(self) -> None:
-        if self.stop.is_set():
-            raise Stopped("forecast cycle stopped")
+    def chunks(self, end_minute: int, functions: Sequence[str] | None = None) -> Iterator[Histories]:
+        """The histories of `functions` (default: all), `CHUNK_FUNCTIONS` at a time: what
+        bounds a cycle's memory."""
+        names = self.counts.functions if functions is None else functions
+        for first in range(0, len(names), CHUNK_FUNCTIONS):
+            if self.stop.is_set():
+                raise Stopped("forecast cycle stopped")
+            yield self.histories(end_minute, names[first : first + CHUNK_FUNCTIONS])
 
     def classes(
         self, end_minute: int, histories: Mapping[str, npt.NDArray[np.int64]] | None = None
     ) -> dict[str, list[str]]:
         """Functions by class, from the share of recent minutes with an invocation."""
-        series = histories if histories is not None else self.histories(end_minute)
-        out: dict[str, list[str]] = {"sparse": [], "busy": []}
-        for function, counts in series.items():
-            share = float(np.count_nonzero(counts)) / len(counts)
-            out["busy" if share >= BUSY_SHARE else "sparse"].append(function)
-        return out
+        return classes(histories if histories is not None else self.histories(end_minute))
 
-    def choose(self, end_minute: int, *, horizon: int = 30) -> Choice:
+    def choose(self, end_minute: int, *, horizon: int = 30, engine: Engine | None = None) -> Choice:
         """Backtest the candidate models over the last windows; keep the best per function."""
         kinds: dict[str, list[str]] = {"sparse": [], "busy": []}
         volume: dict[str, int] = {}
         for histories in self.chunks(end_minute):
-            for kind, functions in self.classes(end_minute, histories).items():
+            for kind, functions in classes(histories).items():
                 kinds[kind] += functions
             volume.update({f: int(series.sum()) for f, series in histories.items()})
+        groups: list[tuple[str, list[str], bool]] = [("sparse", kinds["sparse"], False)]
+        busiest = set(sorted(kinds["busy"], key=volume.__getitem__, reverse=True)[:AUTOETS_LIMIT])
+        groups += [
+            ("busy", sorted(busiest), True),
+            ("busy", [f for f in kinds["busy"] if f not in busiest], False),
+        ]
+        tasks = (
+            BacktestTask(histories, end_minute, horizon, kind, with_ets, self.training_minutes)
+            for kind, members, with_ets in groups
+            for histories in self.chunks(end_minute, members)
+        )
         choice = Choice()
-        for kind, functions in kinds.items():
-            if not functions:
-                continue
-            groups = [(functions, False)]
-            if kind == "busy":
-                busiest = set(sorted(functions, key=volume.__getitem__, reverse=True)[:AUTOETS_LIMIT])
-                groups = [(sorted(busiest), True), ([f for f in functions if f not in busiest], False)]
-            tallies = np.zeros((1 + len(WITHIN_BUCKETS), 2, len(CALIBRATION_EDGES) - 1))
-            for members, with_ets in groups:
-                names = candidates(kind, self.training_minutes, with_ets=with_ets)
-                for first in range(0, len(members), CHUNK_FUNCTIONS):
-                    self._check_stop()
-                    part = members[first : first + CHUNK_FUNCTIONS]
-                    frame = self._frame(part, self.histories(end_minute, part), end_minute)
-                    backtest = _engine(names).cross_validation(
-                        df=frame, h=horizon, step_size=BACKTEST_STEP, n_windows=BACKTEST_WINDOWS
-                    )
-                    tallies += _calibration_tallies(_pick(backtest, names, choice))
-            choice.calibration[kind] = _calibrated(tallies[0])
-            choice.within[kind] = np.stack([_calibrated(tally) for tally in tallies[1:]])
+        tallies: dict[str, FloatArray] = {}
+        for picks in (engine or self.engine).map(backtest, tasks):
+            choice.model.update(picks.model)
+            choice.short_model.update(picks.short_model)
+            choice.relative_mae.update(picks.relative_mae)
+            tallies[picks.kind] = tallies.get(picks.kind, 0) + picks.tallies
+        for kind, tally in tallies.items():
+            choice.calibration[kind] = _calibrated(tally[0])
+            choice.within[kind] = np.stack([_calibrated(t) for t in tally[1:]])
         self.choice = choice
         return choice
 
-    def forecast(self, end_minute: int, horizon: int = 30) -> dict[str, Forecast]:
+    def forecast(
+        self, end_minute: int, horizon: int = 30, *, engine: Engine | None = None
+    ) -> dict[str, Forecast]:
         """Forecasts for minutes [end_minute, end_minute + horizon) of every function, a chunk
         at a time, every chunk's idle times shrunk towards the pool of all of them."""
         pooled = np.zeros(idletimes.BINS)
@@ -267,67 +390,27 @@ class Forecaster:
             for series in chunk.values():
                 pooled += idletimes.counts(idle_minutes(series))
         prior = idletimes.pooled_hazard(pooled)
-        out: dict[str, Forecast] = {}
-        for chunk in self.chunks(end_minute):
-            out.update(self._forecast(chunk, end_minute, horizon, prior))
-        return out
-
-    def _forecast(
-        self,
-        histories: Mapping[str, npt.NDArray[np.int64]],
-        end_minute: int,
-        horizon: int,
-        prior: FloatArray,
-    ) -> dict[str, Forecast]:
-        gaps = {function: idle_minutes(series) for function, series in histories.items()}
-        windows = _hybrid_windows(gaps)
-        idle = idle_answers(histories, gaps, horizon, prior)
-        out: dict[str, Forecast] = {}
-        for kind, functions in self.classes(end_minute, histories).items():
-            plans = {function: self.choice.models(function, kind) for function in functions}
-            by_model: dict[str, list[str]] = {}
-            for function, plan in plans.items():
-                for name in dict.fromkeys(plan):
-                    by_model.setdefault(name, []).append(function)
-            predicted: dict[tuple[str, str], FloatArray] = {}
-            for name, members in by_model.items():
-                frame = self._frame(members, histories, end_minute)
-                for function, rows in _engine([name]).forecast(df=frame, h=horizon).groupby("unique_id"):
-                    predicted[name, str(function)] = rows[name].to_numpy(dtype=np.float64)
-            for function, (short, later) in plans.items():
-                expected = predicted[later, function].copy()
-                expected[:SHORT_STEPS] = predicted[short, function][:SHORT_STEPS]
-                expected = np.clip(expected, 0.0, None)
-                prewarm, keepalive = windows[function]
-                out[function] = Forecast(
-                    function=function,
-                    start_minute=end_minute,
-                    expected=expected,
-                    p_invoked=probability(expected, self.choice.calibration.get(kind)),
-                    p_within=within_probability(expected, self.choice.within.get(kind)),
-                    prewarm_minutes=prewarm,
-                    keepalive_minutes=keepalive,
-                    model=later,
-                    short_model=short,
-                    relative_mae=self.choice.relative_mae.get(function),
-                    p_within_idle=idle[function][0],
-                    pattern=idle[function][1],
-                    elapsed_minutes=idle[function][2],
-                )
-        return out
-
-    def _frame(
-        self, functions: Sequence[str], histories: Mapping[str, npt.NDArray[np.int64]], end_minute: int
-    ) -> pd.DataFrame:
-        length = self.training_minutes
-        values = np.concatenate([histories[f] for f in functions]).astype(np.float64)
-        return pd.DataFrame(
-            {
-                "unique_id": np.repeat(np.asarray(functions, dtype=object), length),
-                "ds": np.tile(np.arange(end_minute - length, end_minute), len(functions)),
-                "y": values,
-            }
+        tasks = (
+            ForecastTask(chunk, end_minute, horizon, prior, self.choice.of(chunk), self.training_minutes)
+            for chunk in self.chunks(end_minute)
         )
+        out: dict[str, Forecast] = {}
+        for forecasts in (engine or self.engine).map(forecast_chunk, tasks):
+            out.update(forecasts)
+        return out
+
+
+def _frame(
+    functions: Sequence[str], histories: Mapping[str, npt.NDArray[np.int64]], end_minute: int, length: int
+) -> pd.DataFrame:
+    values = np.concatenate([histories[f] for f in functions]).astype(np.float64)
+    return pd.DataFrame(
+        {
+            "unique_id": np.repeat(np.asarray(functions, dtype=object), length),
+            "ds": np.tile(np.arange(end_minute - length, end_minute), len(functions)),
+            "y": values,
+        }
+    )
 
 
 def _hybrid_windows(gaps: Mapping[str, FloatArray]) -> dict[str, tuple[float, float]]:

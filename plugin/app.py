@@ -25,14 +25,14 @@ from aiohttp import web
 from kubernetes.aio.client import ApiClient
 
 from forecaster import history
-from forecaster.forecasting import Forecaster
+from forecaster.forecasting import Engine, Forecaster, LocalEngine
 from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
 from plugin import audiences, events, informer, kube, metrics, objectfiles, webhook, wire
 from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
 from plugin.decisions import RECENT
 from plugin.emitter import Emitter
-from plugin.errors import BadRequest, SlowRequest, body_deadline
+from plugin.errors import BadRequest, SettingsError, SlowRequest, body_deadline
 from plugin.events import EventSink
 from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
 from plugin.forecasts import ForecastLoop
@@ -90,7 +90,9 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
     app[EXTENDER] = Extender(cache=cache, policy=loaded, binder=binder)
     metrics.start_counters(loaded.policy.name)
     app[EVENTS] = sink = _event_sink(settings)
-    app[FORECASTS] = ForecastLoop(forecaster=Forecaster(sink.counts), clock=time.time)
+    app[FORECASTS] = ForecastLoop(
+        forecaster=Forecaster(sink.counts, engine=_engine(settings)), clock=time.time
+    )
     # Cleanups run in reverse: the API client and the history close after their users stop.
     app.cleanup_ctx.append(_background(cache.run, "cluster-cache", then=api.close if api else None))
     app.cleanup_ctx.append(_background(sink.run, "event-commits", then=sink.close))
@@ -184,6 +186,18 @@ def _invoked_since(sink: EventSink, function: str, minute: int) -> bool:
     """Whether `function` has invocations recorded from `minute` on (within the last two days)."""
     end = int(sink.clock() // 60) + 1
     return bool(sink.counts.series(function, end, min(max(end - minute, 1), 2 * 24 * 60)).any())
+
+
+def _engine(settings: Settings) -> Engine:
+    """Where forecast cycles run (`KDRL_FORECAST_ENGINE`)."""
+    history = settings.history
+    if history.forecast_engine == "local":
+        return LocalEngine()
+    if not history.ray_address:
+        raise SettingsError("KDRL_FORECAST_ENGINE=ray needs KDRL_RAY_ADDRESS (the Ray cluster's address)")
+    from plugin.ray_engine import RayEngine  # Ray is imported only where it is used
+
+    return RayEngine(history.ray_address)
 
 
 def _event_sink(settings: Settings) -> EventSink:

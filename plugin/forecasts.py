@@ -13,16 +13,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 from opentelemetry import trace
 
-from forecaster.forecasting import Forecast, Forecaster
+from forecaster.forecasting import Forecast, Forecaster, LocalEngine, Stopped
 from plugin import metrics
 
 logger = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 HORIZON_MINUTES = 30
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -43,8 +46,8 @@ class ForecastLoop:
         end = int(self.clock() // 60) + 1
         with tracer.start_as_current_span("kdrl.forecast") as span:
             if choose:
-                self.forecaster.choose(end, horizon=HORIZON_MINUTES)
-            self.latest = self.forecaster.forecast(end, horizon=HORIZON_MINUTES)
+                self._on_engine(partial(self.forecaster.choose, end, horizon=HORIZON_MINUTES))
+            self.latest = self._on_engine(partial(self.forecaster.forecast, end, horizon=HORIZON_MINUTES))
             span.set_attributes(
                 {"kdrl.forecast.functions": len(self.latest), "kdrl.forecast.rechosen": choose}
             )
@@ -52,6 +55,22 @@ class ForecastLoop:
         self._measure(end)
         metrics.forecast_cycle.record(time.perf_counter() - started, {"kdrl.rechosen": choose})
         return self.latest
+
+    def _on_engine(self, step: Callable[..., Result]) -> Result:
+        """`step` on the forecaster's engine; where that is a remote one (Ray) that fails,
+        unreachable or a worker lost mid-cycle, the same step again here, so that this cycle's
+        forecasts are fresh all the same (logged, and counted by engine)."""
+        try:
+            return step()
+        except Stopped:
+            raise
+        except Exception as error:
+            if isinstance(self.forecaster.engine, LocalEngine):
+                raise
+            engine = type(self.forecaster.engine).__name__
+            logger.warning("forecast engine %s failed (%s); this cycle runs locally", engine, error)
+            metrics.forecast_fallbacks.add(1, {"kdrl.engine": engine})
+            return step(engine=LocalEngine())
 
     def _measure(self, end: int) -> None:
         """Gauges: functions, functions per model, and the one-minute-ahead error of the

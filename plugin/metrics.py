@@ -181,6 +181,10 @@ forecast_cycle = meter.create_histogram(
     explicit_bucket_boundaries_advisory=CYCLE_SECONDS,
 )
 forecast_failures = meter.create_counter("kdrl.forecast.failures", description="Forecast cycles that failed")
+forecast_fallbacks = meter.create_counter(
+    "kdrl.forecast.fallbacks",
+    description="Cycle steps (model choice, forecast) a remote engine failed, run locally instead, by engine",
+)
 forecast_functions = meter.create_gauge("kdrl.forecast.functions", description="Functions forecast")
 forecast_models = meter.create_gauge("kdrl.forecast.models", description="Functions per chosen model")
 forecast_error = meter.create_gauge(

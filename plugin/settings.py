@@ -179,6 +179,21 @@ class HistorySettings:
         "Event requests waiting for a commit before new ones get 429 (Eventing retries them).",
         check=_positive,
     )
+    forecast_engine: str = _setting(
+        "local",
+        "KDRL_FORECAST_ENGINE",
+        "Where forecast cycles run: local (this process), or ray (chunks as tasks on the Ray cluster "
+        "at KDRL_RAY_ADDRESS; a cycle it fails runs locally).",
+        choices=("local", "ray"),
+    )
+    ray_address: str | None = _setting(
+        None,
+        "KDRL_RAY_ADDRESS",
+        "Ray cluster of the ray forecast engine, e.g. ray://kdrl-ray-head.kdrl-system:10001.",
+        check=lambda a: (
+            None if a is None or (a.strip() and ":" in a) else "expected HOST:PORT or ray://HOST:PORT"
+        ),
+    )
     max_functions: int = _setting(
         20_000,
         "KDRL_MAX_FUNCTIONS",

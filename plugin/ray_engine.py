@@ -1,0 +1,65 @@
+"""Forecast chunks as Ray tasks (`KDRL_FORECAST_ENGINE=ray`, `KDRL_RAY_ADDRESS`).
+
+The chunk functions (`forecasting.backtest`, `forecasting.forecast_chunk`) are pure, so a Ray
+worker computes exactly what this process would; history, planning and serving stay here.
+At most `in_flight` chunks are submitted ahead of the one being collected, which bounds what
+the driver holds, as the local engine's one-at-a-time does. Ray is imported only when this
+engine is chosen: the local engine, the default, never needs it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+Task = TypeVar("Task")
+Result = TypeVar("Result")
+CONNECT_TIMEOUT_S = 3.0
+
+
+class RayEngine:
+    def __init__(self, address: str, *, in_flight: int = 8) -> None:
+        self.address = address
+        self.in_flight = in_flight
+        self._remote: dict[Callable[..., Any], Any] = {}
+
+    def connect(self) -> None:
+        """Join the Ray cluster at `address` (once; `ray.init` raises when it cannot, naming
+        both versions on a version mismatch)."""
+        import ray
+
+        if not ray.is_initialized():
+            self._reachable()
+            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=False)
+            logger.info("forecasts on the Ray cluster at %s (%s)", self.address, ray.__version__)
+
+    def _reachable(self) -> None:
+        """`ray.init` waits minutes for a cluster that does not answer; a cycle should not."""
+        host, _, port = self.address.removeprefix("ray://").rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+                pass
+        except (OSError, ValueError) as error:
+            raise ConnectionError(f"Ray cluster at {self.address} is unreachable: {error}") from error
+
+    def map(self, work: Callable[[Task], Result], tasks: Iterable[Task]) -> Iterator[Result]:
+        import ray
+
+        self.connect()
+        # One retry where a worker is lost; then the caller runs the cycle locally.
+        remote = self._remote.setdefault(work, ray.remote(max_retries=1)(work))
+        pending: collections.deque[Any] = collections.deque()
+        try:
+            for task in tasks:
+                pending.append(remote.remote(task))
+                if len(pending) > self.in_flight:
+                    yield ray.get(pending.popleft())
+            while pending:
+                yield ray.get(pending.popleft())
+        finally:
+            for ref in pending:  # a failed or stopped cycle leaves nothing running
+                ray.cancel(ref)
