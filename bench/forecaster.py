@@ -2,6 +2,7 @@
 
     python -m bench.forecaster            # the table
     python -m bench.forecaster --json
+    python -m bench.forecaster --engine local,ray:1,ray:2   # the same cycle on each engine
     python -m bench.forecaster --functions 10000,20000 --flood 100000 --rss --sigterm
 
 - ingest through the HTTP sink: `kdrl serve` offline in a subprocess, 16 concurrent senders
@@ -106,14 +107,16 @@ def forecast_cycle(engines: Sequence[str] = ("local",)) -> list[dict[str, Any]]:
 
 
 def _engine(name: str) -> Engine:
+    """`local`, or `ray` (a local Ray of this machine's cores), or `ray:N` (of N workers)."""
     if name == "local":
         return LocalEngine()
     import ray
 
     from plugin.ray_engine import RayEngine
 
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+    workers = int(name.partition(":")[2] or 0) or None
+    ray.shutdown()  # each Ray row starts its own, of its own size
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     return RayEngine(str(ray.get_runtime_context().gcs_address))
 
 
