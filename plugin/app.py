@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import math
 import socket
@@ -195,6 +196,8 @@ def _engine(settings: Settings) -> Engine:
         return LocalEngine()
     if not history.ray_address:
         raise SettingsError("KDRL_FORECAST_ENGINE=ray needs KDRL_RAY_ADDRESS (the Ray cluster's address)")
+    if importlib.util.find_spec("ray") is None:
+        raise SettingsError("KDRL_FORECAST_ENGINE=ray needs Ray: pip install 'knative-drl-scheduler[ray]'")
     from plugin.ray_engine import RayEngine  # Ray is imported only where it is used
 
     return RayEngine(history.ray_address)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -111,6 +112,23 @@ async def test_ray_settings_are_checked_at_start(
         "KDRL_HISTORY_PATH": str(tmp_path / "h.db"),
     }
     with pytest.raises(SettingsError, match=problem):
+        await app.create_app(settings.load({}, environment))
+
+
+async def test_the_ray_engine_without_ray_installed_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *args: None if name == "ray" else real(name, *args)
+    )
+    environment = {
+        "KDRL_FORECAST_ENGINE": "ray",
+        "KDRL_RAY_ADDRESS": "ray://head:10001",
+        "KDRL_NODES_FILE": str(Path(__file__).parent.parent / "examples" / "cluster" / "nodes.json"),
+        "KDRL_HISTORY_PATH": str(tmp_path / "h.db"),
+    }
+    with pytest.raises(SettingsError, match="needs Ray"):
         await app.create_app(settings.load({}, environment))
 
 
