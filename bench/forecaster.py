@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import signal
 import subprocess
@@ -47,6 +48,8 @@ from bench import synthetic
 from bench.simulator import SHARED_TRACE
 from forecaster.forecasting import Engine, Forecaster, LocalEngine
 from forecaster.history import MINUTES_KEPT, Count, Effect, HistoryStore, MinuteCounts
+from plugin.cluster import ClusterCache
+from plugin.functions import FunctionCatalog, Objects
 from simulator import traces
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "cluster"
@@ -295,10 +298,72 @@ def shutdown_time(functions: int, into_cycle_s: float = 10.0) -> dict[str, Any]:
         }
 
 
+def catalog_memory(services: int = 20_000, nodes: int = 5_000) -> list[dict[str, Any]]:
+    """Memory the rest of the service holds at the cap (tracemalloc): `services` Knative
+    Services as the catalog keeps them against as listed (with kubectl's last-applied copy and
+    managedFields), and the cluster cache of a synthetic cluster of `nodes` nodes."""
+    template = {
+        "metadata": {"annotations": {"kdrl.dev/priority": "high"}},
+        "spec": {
+            "containers": [
+                {
+                    "image": "registry.example.com/shop/hello@sha256:" + "a" * 64,
+                    "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+                }
+            ]
+        },
+    }
+    service: dict[str, Any] = {
+        "apiVersion": "serving.knative.dev/v1",
+        "kind": "Service",
+        "metadata": {"name": "hello", "namespace": "shop", "uid": "u", "resourceVersion": "1"},
+        "spec": {"template": template},
+        "status": {"traffic": [{"revisionName": "hello-00002", "percent": 100}]},
+    }
+    service["metadata"] |= {
+        "annotations": {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(service)},
+        "managedFields": [
+            {
+                "manager": "kubectl",
+                "operation": "Update",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": {}}}}},
+            }
+        ]
+        * 3,
+    }
+    text, rows = json.dumps(service), []
+    for label, store in (("as the catalog keeps them", FunctionCatalog().services), ("as listed", Objects())):
+        gc.collect()
+        tracemalloc.start()
+        listed = [json.loads(text) for _ in range(services)]
+        for i, item in enumerate(listed):
+            item["metadata"]["name"] = f"s{i}"
+        store.replace(listed)
+        del listed
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        rows.append({"benchmark": f"{services:,} Knative Services {label}", "MiB": round(held / 2**20)})
+    node_objects, pod_objects = synthetic.cluster(nodes, seed=nodes)
+    tracemalloc.start()
+    ClusterCache.from_objects(node_objects, pod_objects)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    rows.append(
+        {
+            "benchmark": f"cluster cache, {nodes:,} nodes and {len(pod_objects):,} pods",
+            "MiB": round(peak / 2**20),
+        }
+    )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rss", action="store_true", help="the service's memory per history size")
+    parser.add_argument("--catalog", action="store_true", help="the Services' and the cluster cache's memory")
     parser.add_argument(
         "--engine", default="local", help="forecast engines to time, comma-separated: local, ray"
     )
@@ -310,6 +375,10 @@ def main() -> None:
         "--flood", type=int, default=0, help="with --rss: one more run, the largest size + N names"
     )
     args = parser.parse_args()
+    if args.catalog:
+        for row in catalog_memory():
+            print(f"{row['benchmark']:<62} {row['MiB']:>6} MiB")
+        return
     if args.rss or args.sigterm:
         sizes = [int(n) for n in args.functions.split(",")]
         table = [service_memory(n) for n in sizes] if args.rss else []

@@ -16,7 +16,7 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,8 +225,10 @@ class MinuteCounts:
         ring = self._ring(row)
         self._clear(row, -1, newest)
         ring[slots] = np.minimum(values, _SATURATED)
-        for slot, value in zip(slots[values >= _SATURATED].tolist(), values[values >= _SATURATED].tolist()):
-            self._overflow[(row, slot)] = value
+        big = values >= _SATURATED
+        self._overflow.update(
+            {(row, slot): value for slot, value in zip(slots[big].tolist(), values[big].tolist())}
+        )
         self._latest[row] = newest
 
     def series(self, function: str, end_minute: int, minutes: int) -> npt.NDArray[np.int64]:
@@ -358,12 +360,6 @@ class HistoryStore:
                 fresh.append(True)
         return fresh
 
-    def minutes(self, since_minute: int) -> Iterator[Count]:
-        """Minute rows from `since_minute` on, oldest first (to rebuild `MinuteCounts`)."""
-        query = "SELECT function, minute, count FROM minutes WHERE minute >= ? ORDER BY minute"
-        for function, minute, count in self._db.execute(query, (since_minute,)):
-            yield Count(function, minute, count)
-
     def recency(self, since_minute: int) -> list[str]:
         """Functions with minute rows from `since_minute` on, least recently invoked first."""
         query = (
@@ -440,9 +436,7 @@ def rebuild(store: HistoryStore, counts: MinuteCounts, *, now_minute: int) -> in
     since = now_minute - MINUTES_KEPT + 1
     functions = store.recency(since)
     if counts.capacity is not None:
-        functions = (
-            functions[len(functions) - counts.capacity :] if len(functions) > counts.capacity else functions
-        )
+        functions = functions[-counts.capacity :]  # the most recent ones
     rows = 0
     for function in functions:
         series = store.series(function, since)

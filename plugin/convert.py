@@ -40,6 +40,7 @@ REVISION_LABEL = "serving.knative.dev/revision"
 # and only such names reach the history database.
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 FUNCTION = re.compile(rf"{NAME.pattern}/{NAME.pattern}")  # namespace/service
+SUBDOMAIN = re.compile(rf"{NAME.pattern}(\.{NAME.pattern})*")  # pod names, up to 253 characters
 PRIORITY_ANNOTATION = "kdrl.dev/priority"
 GPU_RESOURCE = "nvidia.com/gpu"
 

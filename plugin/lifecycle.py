@@ -9,6 +9,7 @@ Event types and attributes: protocols.md §4.2; the data is the whole object.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -67,7 +68,10 @@ def _pod_change(
                 condition.get("lastTransitionTime"), f"status.conditions[{kind}].lastTransitionTime"
             )
     gone = _time(meta.get("deletionTimestamp"), "metadata.deletionTimestamp")
-    uid = meta.get("uid") or f"{function.partition('/')[0]}/{_name(meta.get('name'), 'pod: name', 253)}"
+    uid = (
+        meta.get("uid")
+        or f"{function.partition('/')[0]}/{_name(meta.get('name'), 'pod: name', convert.SUBDOMAIN)}"
+    )
     # printable also rules out lone surrogates, which SQLite cannot store
     if not isinstance(uid, str) or len(uid) > MAX_UID_LENGTH or not uid.isprintable():
         raise BadRequest(f"pod: metadata.uid {uid!r:.100} is not an object uid")
@@ -83,13 +87,9 @@ def _pod_change(
     )
 
 
-def _name(raw: object, where: str, limit: int = 63) -> str:
-    """A Kubernetes name (a DNS-1123 label, or a subdomain up to `limit` for pods)."""
-    if (
-        not isinstance(raw, str)
-        or len(raw) > limit
-        or not all(convert.NAME.fullmatch(part) for part in (raw.split(".") if limit > 63 else [raw]))
-    ):
+def _name(raw: object, where: str, pattern: re.Pattern[str] = convert.NAME) -> str:
+    """A Kubernetes name: a DNS-1123 label (at most 63 characters), or a subdomain for pods."""
+    if not isinstance(raw, str) or len(raw) > 253 or not pattern.fullmatch(raw):
         raise BadRequest(f"{where}: {raw!r:.100} is not a Kubernetes name")
     return raw
 

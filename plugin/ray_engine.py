@@ -13,11 +13,11 @@ import collections
 import logging
 import socket
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any
+
+from forecaster.forecasting import Result, Task
 
 logger = logging.getLogger(__name__)
-Task = TypeVar("Task")
-Result = TypeVar("Result")
 CONNECT_TIMEOUT_S = 3.0
 
 
@@ -51,7 +51,9 @@ class RayEngine:
 
         self.connect()
         # One retry where a worker is lost; then the caller runs the cycle locally.
-        remote = self._remote.setdefault(work, ray.remote(max_retries=1)(work))
+        if work not in self._remote:
+            self._remote[work] = ray.remote(max_retries=1)(work)
+        remote = self._remote[work]
         pending: collections.deque[Any] = collections.deque()
         try:
             for task in tasks:

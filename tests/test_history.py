@@ -84,7 +84,7 @@ def test_a_capped_rebuild_holds_the_most_recent_functions(tmp_path: Path) -> Non
     counts = MinuteCounts(capacity=3)
     assert rebuild(store, counts, now_minute=20) == 3  # only the rows memory keeps are read
     assert sorted(counts.functions) == ["ns/f2", "ns/f3", "ns/f4"]
-    assert len(list(store.minutes(0))) == 5  # the database forgets nothing
+    assert sum(len(store.series(f, 0)) for f in store.recency(0)) == 5  # the database forgets nothing
 
 
 def test_a_rebuild_holds_what_adding_every_row_would(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_compaction_rolls_old_minutes_into_hours_and_forgets_old_keys(tmp_path: 
     )
     store.compact(now_minute=5000, now=100.0)
     assert store.hours("ns/a") == [(1, 3)]
-    assert [c.minute for c in store.minutes(0)] == [5000]
+    assert store.recency(0) == ["ns/a"] and store.series("ns/a", 0)[:, 0].tolist() == [5000]
     again = store.record([(("s", "old"), Effect(counts=[Count("ns/a", 5000, 1)]))], 101.0)
     assert again == [True]  # the key has expired
 
