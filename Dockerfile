@@ -2,6 +2,7 @@
 #
 #   docker build -t kdrl:0.1.0 .                                    # CPU: onnxruntime
 #   docker build -t kdrl:0.1.0-cuda --build-arg RUNTIME=cuda .       # GPU nodes: onnxruntime-gpu
+#   docker build -t kdrl:0.1.0-ray --build-arg EXTRAS=ray .          # knative/ray: plugin, head, workers
 #
 # The CUDA variant starts from NVIDIA's cuDNN runtime image (CUDA 12, what onnxruntime-gpu's
 # PyPI wheels are built against); ONNX Runtime uses the GPU only when its session really runs
@@ -30,10 +31,13 @@ RUN apt-get update \
 ENV ORT_PACKAGE=onnxruntime-gpu
 
 FROM runtime-${RUNTIME}
+ARG EXTRAS=""
 COPY --from=build /wheels /wheels
 # One venv; the ONNX Runtime flavour is chosen here, whatever the platform marker would pick.
+# KubeRay starts `ray` from a login shell, whose PATH is the system's: hence the link.
 RUN python3 -m venv /opt/kdrl \
-    && /opt/kdrl/bin/pip install --no-cache-dir /wheels/*.whl \
+    && /opt/kdrl/bin/pip install --no-cache-dir "$(echo /wheels/*.whl)${EXTRAS:+[$EXTRAS]}" \
+    && if [ -x /opt/kdrl/bin/ray ]; then ln -s /opt/kdrl/bin/ray /usr/local/bin/ray; fi \
     && /opt/kdrl/bin/pip uninstall -y onnxruntime onnxruntime-gpu \
     && /opt/kdrl/bin/pip install --no-cache-dir "${ORT_PACKAGE}>=1.20" \
     && rm -rf /wheels

@@ -2,7 +2,7 @@
 
     python -m bench.forecaster            # the table
     python -m bench.forecaster --json
-    python -m bench.forecaster --engine local,ray:1,ray:2   # the same cycle on each engine
+    python -m bench.forecaster --functions 10000,100000 --engine local,ray:1,ray:2   # scaling
     python -m bench.forecaster --functions 10000,20000 --flood 100000 --rss --sigterm
 
 - ingest through the HTTP sink: `kdrl serve` offline in a subprocess, 16 concurrent senders
@@ -36,7 +36,7 @@ import tempfile
 import time
 import tracemalloc
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,53 +66,105 @@ def histories(functions: int, minutes: int) -> np.ndarray:
     return rng.poisson(np.broadcast_to(rates, (functions, minutes)))
 
 
-def forecast_cycle(engines: Sequence[str] = ("local",)) -> list[dict[str, Any]]:
-    """Model choice and a forecast cycle for FUNCTIONS functions on each engine, the same
-    history for all. `ray`: a local Ray of this machine's cores (its overhead, honestly: on one
-    machine the local engine has the same cores without the transfers)."""
-    counts = MinuteCounts()
-    data = histories(FUNCTIONS, 720)
-    for i, row in enumerate(data):
-        for minute in np.flatnonzero(row):
-            counts.add(f"ns/f{i:05d}", END - 720 + int(minute), int(row[minute]))
+def forecast_cycle(
+    engines: Sequence[str] = ("local",), sizes: Sequence[int] = (FUNCTIONS,)
+) -> list[dict[str, Any]]:
+    """Model choice and a forecast cycle for each size on each engine, the same history for
+    all engines of a size. `ray`: a local Ray of this machine's cores, `ray:N` of N workers (its
+    overhead, honestly: on one machine the local engine has the same cores without the
+    transfers). Local rows also give the time per shard (`CHUNK_FUNCTIONS` functions on one
+    core), what a cluster's cycle divides by its workers; `driver MiB` is this process's peak
+    resident memory after the size's rows (sizes ascending, so a larger one's peak is its own)."""
     rows = []
-    for name in engines:
-        engine = _engine(name)
-        forecaster = Forecaster(counts, engine=engine)
-        forecaster.forecast(
-            END, horizon=30
-        )  # warm-up: numba compiles here (in every worker), not in the cycle
-        started = time.perf_counter()
-        forecaster.choose(END, horizon=30)
-        chosen = time.perf_counter()
-        forecasts = forecaster.forecast(END, horizon=30)
-        done = time.perf_counter()
-        models: dict[str, int] = {}
-        for f in forecasts.values():
-            models[f.model] = models.get(f.model, 0) + 1
-        rows += [
-            {
-                "benchmark": f"model choice (backtest), {len(forecasts)} functions, {name}",
-                "value": round(chosen - started, 2),
-                "unit": "s",
-                "target": "hourly, in the background",
-            },
-            {
-                "benchmark": f"forecast cycle, {len(forecasts)} functions, 30 min, {name}",
-                "value": round(done - chosen, 2),
-                "unit": "s",
-                "target": "<= 10 s",
-                "met": done - chosen <= 10,
-                "models": models,
-            },
-        ]
+    for functions in sorted(sizes):
+        counts = MinuteCounts()
+        data = histories(functions, 720)
+        minutes = np.arange(END - 720, END, dtype=np.int64)
+        for i, row in enumerate(data):
+            busy = np.flatnonzero(row)
+            counts.load(f"ns/f{i:06d}", minutes[busy], row[busy].astype(np.int64))
+        del data
+        for name in engines:
+            rows += _cycle(Forecaster(counts, engine=_engine(name)), name)
     return rows
+
+
+class TimedEngine(LocalEngine):
+    """The local engine, timing each shard."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def map(self, work: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+        for task in tasks:
+            started = time.perf_counter()
+            result = work(task)
+            self.seconds.append(time.perf_counter() - started)
+            yield result
+
+
+def _cycle(forecaster: Forecaster, name: str) -> list[dict[str, Any]]:
+    functions = len(forecaster.counts)
+    forecaster.forecast(END, horizon=30)  # warm-up: numba compiles here (in every worker), not in the cycle
+    shards = forecaster.engine.seconds if isinstance(forecaster.engine, TimedEngine) else []
+    shards.clear()
+    started = time.perf_counter()
+    forecaster.choose(END, horizon=30)
+    chosen, backtests = time.perf_counter(), len(shards)
+    forecasts = forecaster.forecast(END, horizon=30)
+    done = time.perf_counter()
+    models: dict[str, int] = {}
+    for f in forecasts.values():
+        models[f.model] = models.get(f.model, 0) + 1
+    peak = _peak_rss_mib()
+    per_shard = {
+        "model choice": shards[:backtests],
+        "forecast cycle": shards[backtests:],
+    }
+    return [
+        {
+            "benchmark": f"model choice (backtest), {functions:,} functions, {name}",
+            "value": round(chosen - started, 2),
+            "unit": "s",
+            "target": "hourly, in the background",
+            **_shard_stats(per_shard["model choice"]),
+            "driver_mib": peak,
+        },
+        {
+            "benchmark": f"forecast cycle, {functions:,} functions, 30 min, {name}",
+            "value": round(done - chosen, 2),
+            "unit": "s",
+            "target": "<= 10 s at 10,000; <= 60 s at 100,000 (cluster)",
+            "met": done - chosen <= (10 if functions <= FUNCTIONS else 60),
+            **_shard_stats(per_shard["forecast cycle"]),
+            "models": models,
+            "driver_mib": peak,
+        },
+    ]
+
+
+def _shard_stats(seconds: list[float]) -> dict[str, Any]:
+    if not seconds:
+        return {}
+    return {
+        "shards": len(seconds),
+        "shard_mean_s": round(float(np.mean(seconds)), 3),
+        "shard_max_s": round(max(seconds), 3),
+    }
+
+
+def _peak_rss_mib() -> int:
+    """This process's peak resident memory so far (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return 0
 
 
 def _engine(name: str) -> Engine:
     """`local`, or `ray` (a local Ray of this machine's cores), or `ray:N` (of N workers)."""
     if name == "local":
-        return LocalEngine()
+        return TimedEngine()
     import ray
 
     from plugin.ray_engine import RayEngine
@@ -367,7 +419,9 @@ def main() -> None:
     parser.add_argument(
         "--engine", default="local", help="forecast engines to time, comma-separated: local, ray"
     )
-    parser.add_argument("--functions", default="10000", help="with --rss: sizes, comma-separated")
+    parser.add_argument(
+        "--functions", default=str(FUNCTIONS), help="history sizes, comma-separated (the cycle table, --rss)"
+    )
     parser.add_argument(
         "--sigterm", action="store_true", help="time a SIGTERM mid-cycle at the largest --functions size"
     )
@@ -394,7 +448,21 @@ def main() -> None:
                 for r in rows:
                     print(" | ".join(str(v) for v in r.values()))
         return
-    rows = [http_ingest(), direct_ingest(), memory(), *forecast_cycle(args.engine.split(","))]
+    engines, sizes = args.engine.split(","), [int(n) for n in args.functions.split(",")]
+    if engines != ["local"] or sizes != [FUNCTIONS]:  # the scaling table alone
+        scaling = forecast_cycle(engines, sizes)
+        if args.json:
+            print(json.dumps(scaling, indent=2))
+            return
+        print("| benchmark | s | shards | s per shard (mean / max) | driver peak MiB |")
+        print("| --- | ---: | ---: | --- | ---: |")
+        for r in scaling:
+            shard = f"{r['shard_mean_s']} / {r['shard_max_s']}" if "shards" in r else ""
+            print(
+                f"| {r['benchmark']} | {r['value']} | {r.get('shards', '')} | {shard} | {r['driver_mib']} |"
+            )
+        return
+    rows = [http_ingest(), direct_ingest(), memory(), *forecast_cycle()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return

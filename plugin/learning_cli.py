@@ -38,6 +38,12 @@ def add_commands(commands: Any) -> None:
             train.add_argument(flag, type=float, default=default, help=f"default: {default}")
         else:
             train.add_argument(flag, type=type(default), default=default, help=f"default: {default}")
+    train.add_argument(
+        "--ray-address",
+        help="run the environments in Ray actors on this cluster (HOST:PORT or ray://HOST:PORT); "
+        "the learner stays here",
+    )
+    train.add_argument("--workers", type=int, help="with --ray-address: Ray actors (default 2)")
     train.set_defaults(run=_train)
 
     tune = commands.add_parser(
@@ -98,6 +104,7 @@ def _train(args: argparse.Namespace) -> int:
             heuristics.by_name(options.imitate)  # unknown, or tuned weights unreadable
         except (KeyError, ValueError) as error:
             raise SettingsError("--imitate: " + str(error).strip("'\"")) from error
+    environments = _environments(options, args.ray_address, args.workers)
     console = Console(stderr=True)
     updates = max(options.total_timesteps // options.batch_size, 1)
     with Progress(
@@ -119,12 +126,29 @@ def _train(args: argparse.Namespace) -> int:
             bar.update(task, completed=update, status=status)
 
         try:
-            ppo.train(options, on_update=on_update)
+            ppo.train(options, on_update=on_update, environments=environments)
         except export.ExportError as error:  # the checkpoint was written before the export
             message = f"export refused: {error}; the checkpoint is {options.out}/model.pt"
             raise SettingsError(message) from error
     console.print(f"model and curves in {options.out}/")
     return 0
+
+
+def _environments(options: config.Args, address: str | None, workers: int | None) -> Any:
+    """None (the learner's own process), or the environments in Ray actors at `address`."""
+    if address is None:
+        if workers is not None:
+            raise SettingsError("--workers needs --ray-address (without it the environments run here)")
+        return None
+    try:
+        from plugin.ray_rollouts import RayEnvironments
+    except ImportError as error:
+        raise SettingsError(f"--ray-address needs the ray extra: pip install '.[ray]' ({error})") from error
+    try:
+        trace = traces.load(options.trace)
+        return RayEnvironments(options, trace, address=address, workers=2 if workers is None else workers)
+    except (ValueError, ConnectionError, traces.TraceError) as error:
+        raise SettingsError(str(error)) from error
 
 
 def _tune(args: argparse.Namespace) -> int:

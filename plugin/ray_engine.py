@@ -21,35 +21,44 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 3.0
 
 
+def connect(address: str) -> None:
+    """Join the Ray cluster at `address` once per process (HOST:PORT of its GCS, or
+    ray://HOST:PORT of its client server). A cluster that does not answer fails in seconds, not
+    in the minutes `ray.init` would wait; one of another Ray or Python version fails naming both."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, ValueError) as error:
+        raise ConnectionError(f"Ray cluster at {address} is unreachable: {error}") from error
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except RuntimeError as error:
+        if "Version mismatch" not in str(error):
+            raise
+        # Ray's text names both versions over several lines; one line, and what to do.
+        versions = " ".join(str(error).split())
+        raise ConnectionError(
+            f"Ray cluster at {address}: {versions} Install the cluster's Ray and Python versions here "
+            "(or run the cluster on this image)."
+        ) from error
+    logger.info("joined the Ray cluster at %s (Ray %s)", address, ray.__version__)
+
+
 class RayEngine:
     def __init__(self, address: str, *, in_flight: int = 8) -> None:
         self.address = address
         self.in_flight = in_flight
         self._remote: dict[Callable[..., Any], Any] = {}
 
-    def connect(self) -> None:
-        """Join the Ray cluster at `address` (once; `ray.init` raises when it cannot, naming
-        both versions on a version mismatch)."""
-        import ray
-
-        if not ray.is_initialized():
-            self._reachable()
-            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=False)
-            logger.info("forecasts on the Ray cluster at %s (%s)", self.address, ray.__version__)
-
-    def _reachable(self) -> None:
-        """`ray.init` waits minutes for a cluster that does not answer; a cycle should not."""
-        host, _, port = self.address.removeprefix("ray://").rpartition(":")
-        try:
-            with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-                pass
-        except (OSError, ValueError) as error:
-            raise ConnectionError(f"Ray cluster at {self.address} is unreachable: {error}") from error
-
     def map(self, work: Callable[[Task], Result], tasks: Iterable[Task]) -> Iterator[Result]:
         import ray
 
-        self.connect()
+        connect(self.address)
         # One retry where a worker is lost; then the caller runs the cycle locally.
         if work not in self._remote:
             self._remote[work] = ray.remote(max_retries=1)(work)

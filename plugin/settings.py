@@ -189,7 +189,7 @@ class HistorySettings:
     ray_address: str | None = _setting(
         None,
         "KDRL_RAY_ADDRESS",
-        "Ray cluster of the ray forecast engine, e.g. ray://kdrl-ray-head.kdrl-system:10001.",
+        "Ray cluster of the ray forecast engine, e.g. ray://kdrl-ray-head-svc.kdrl-system.svc:10001.",
         check=lambda a: (
             None if a is None or (a.strip() and ":" in a) else "expected HOST:PORT or ray://HOST:PORT"
         ),

@@ -119,3 +119,15 @@ async def fake_kube() -> AsyncIterator[tuple[FakeKube, str]]:
 
 def api_client(url: str) -> kclient.ApiClient:
     return kclient.ApiClient(kclient.Configuration(host=url))
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """A local Ray of 2 CPUs, as in CI (the address of its GCS), for one test module."""
+    import logging
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    yield str(ray.get_runtime_context().gcs_address)
+    ray.shutdown()

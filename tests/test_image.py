@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,24 @@ def _ready(port: int, server: subprocess.Popen[bytes]) -> dict[str, object]:
         except OSError:
             time.sleep(0.1)
     pytest.fail("kdrl serve did not become ready")
+
+
+@pytest.mark.parametrize(("extras", "argument"), [("", "{wheel}"), ("ray", "{wheel}[ray]")])
+def test_the_extras_build_argument_installs_the_wheel_with_them(
+    tmp_path: Path, extras: str, argument: str
+) -> None:
+    """The RUN line's pip argument, evaluated by a shell as the build would (EXTRAS=ray: the
+    image knative/ray runs), names an extra the project has."""
+    (line,) = [x for x in DOCKERFILE.splitlines() if "${EXTRAS:+" in x]
+    expression = re.search(r'"(\$\(echo /wheels/\*\.whl\)[^"]*)"', line)
+    assert expression is not None
+    wheel = tmp_path / "wheels" / "knative_drl_scheduler-0.1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.touch()
+    shell = expression.group(1).replace("/wheels/", f"{wheel.parent}/")
+    done = subprocess.run(
+        ["bash", "-c", f'echo "{shell}"'], env={"EXTRAS": extras}, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == argument.format(wheel=wheel)
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert all(extra in optional for extra in filter(None, extras.split(",")))

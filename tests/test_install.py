@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
+from plugin import settings
 from plugin.extender import extender_scores
-from tests.test_manifests import CUSTOM, KNATIVE, KUBERNETES, find
+from tests.test_manifests import CUSTOM, KNATIVE, KUBERNETES, find, restricted_violations
 
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(
@@ -171,3 +172,37 @@ def test_the_extender_decides_when_it_answers_and_the_default_profile_when_it_do
         assert chosen(plugin_scores, vector, None, 0) == chosen(plugin_scores, default, None, 0)
     adversarial = np.array([[0] * vector.size, [MAX_NODE_SCORE] * vector.size])
     assert chosen(adversarial, vector, np.array([10, 9]), extender["weight"]) == 0
+
+
+@needs_kubectl
+def test_the_ray_overlay_points_the_plugin_at_its_ray_cluster_on_one_image() -> None:
+    objects = {(d["kind"], d["metadata"]["name"]): d for d in kubectl("kustomize", str(KNATIVE / "ray"))}
+    config = objects["ConfigMap", "kdrl-config"]["data"]
+    loaded = settings.load({}, config)  # the settings `kdrl serve` starts with are valid
+    assert loaded.history.forecast_engine == "ray"
+    ray_cluster = objects["RayCluster", "kdrl-ray"]
+    head = ray_cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    host, port = str(loaded.history.ray_address).removeprefix("ray://").split(":")
+    # KubeRay names the head's Service <cluster>-head-svc, in the cluster's namespace.
+    assert host == f"kdrl-ray-head-svc.{ray_cluster['metadata']['namespace']}.svc"
+    assert {"name": "client", "containerPort": int(port), "protocol": "TCP"} in head["containers"][0]["ports"]
+    plugin = objects["StatefulSet", "kdrl"]["spec"]["template"]
+    pods = [plugin["spec"], head] + [g["template"]["spec"] for g in ray_cluster["spec"]["workerGroupSpecs"]]
+    containers = [pod["containers"][0] for pod in pods]
+    # One image: the same Ray and Python versions, and the workers import the plugin's forecast code.
+    assert len({c["image"] for c in containers}) == 1 and containers[0]["image"].endswith("-ray")
+    for pod, container in zip(pods, containers):
+        assert restricted_violations(pod) == []
+        assert container["securityContext"]["readOnlyRootFilesystem"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"] == {
+            "secretKeyRef": {"name": "kdrl-ray-auth", "key": "auth_token"}
+        }
+    for container in containers[1:]:  # Ray writes its session under /tmp
+        assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
+    policy = objects["NetworkPolicy", "kdrl-ray"]["spec"]
+    from_plugin = [rule for rule in policy["ingress"] if "ports" in rule]
+    (rule,) = from_plugin
+    assert rule["from"][0]["podSelector"]["matchLabels"].items() <= plugin["metadata"]["labels"].items()
+    assert rule["ports"] == [{"port": int(port), "protocol": "TCP"}]

@@ -14,7 +14,7 @@ from policies import features, filtering, heuristics, onnx_policy
 from policies.objectives import ObjectiveWeights
 from simulator import clusterspec, compare, engine, keepalive, traces
 from simulator.clusterspec import ClusterSpec
-from simulator.learning import environment, export, network, ppo
+from simulator.learning import environment, export, network, ppo, vectorized
 from simulator.learning.config import Args
 from tests.test_engine import one_function
 
@@ -293,20 +293,20 @@ def test_the_actor_learns_the_teachers_choices(tmp_path: Path, cloned: int, coef
     rows = (tmp_path / "progress.csv").read_text().splitlines()
     assert all(row.endswith(",1.0" if cloned else ",0.0") for row in rows[1:])  # imitated, or PPO
     teacher = heuristics.by_name("most-allocated")
-    envs, _ = ppo.make_envs(dataclasses.replace(args, seed=7))
-    observation, _ = envs.reset(seed=7)
+    envs = vectorized.LocalEnvironments(dataclasses.replace(args, seed=7), traces.load(args.trace))
+    observation = envs.reset(7)
     agreed, by_chance = [], []
     for _ in range(100):
         with torch.no_grad():
             logits, _ = model(*ppo._tensors(observation, torch.device("cpu")))
-        for env, chosen in zip(envs.envs, logits.argmax(-1).tolist()):
+        for env, chosen in zip(envs.envs.envs, logits.argmax(-1).tolist()):
             decision = env.unwrapped.decision
             feasible = np.flatnonzero(decision.feasible)
             scores = teacher.score(decision.pod, decision.nodes.take(feasible))
             best = feasible[scores >= scores.max() - 1e-9]
             agreed.append(chosen in best)
             by_chance.append(best.size / feasible.size)
-        observation, *_ = envs.step(ppo.teacher_actions(envs, teacher))
+        observation, *_ = envs.step(envs.teach())
     assert np.mean(agreed) > max(0.6, 2 * np.mean(by_chance))
 
 

@@ -31,6 +31,7 @@ CUSTOM = {
     ("cert-manager.io/v1", "Certificate"): ("secretName", "dnsNames", "issuerRef"),
     ("monitoring.coreos.com/v1", "PrometheusRule"): ("groups",),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("selector", "endpoints"),
+    ("ray.io/v1", "RayCluster"): ("rayVersion", "headGroupSpec", "workerGroupSpecs"),
 }
 
 Grant = tuple[str, str, str, str]  # (namespace or "", group, resource, verb)

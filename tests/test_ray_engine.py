@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,18 +56,11 @@ def test_an_unreachable_cluster_falls_back_to_local_for_the_cycle(
     assert metric("kdrl.forecast.fallbacks", kdrl_engine="RayEngine") == before + 2  # choice, forecast
 
 
-@pytest.fixture(scope="module")
-def address() -> Iterator[str]:
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    yield str(ray.get_runtime_context().gcs_address)
-    ray.shutdown()
-
-
 def test_forecasts_through_ray_equal_the_local_ones(
-    counts: MinuteCounts, address: str, monkeypatch: pytest.MonkeyPatch
+    counts: MinuteCounts, ray_address: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(forecasting, "CHUNK_FUNCTIONS", 10)  # several chunks in flight at once
-    local, remote = Forecaster(counts), Forecaster(counts, engine=RayEngine(address, in_flight=2))
+    local, remote = Forecaster(counts), Forecaster(counts, engine=RayEngine(ray_address, in_flight=2))
     chosen, chosen_remotely = local.choose(END), remote.choose(END)
     assert (chosen.model, chosen.short_model) == (chosen_remotely.model, chosen_remotely.short_model)
     for kind, table in chosen.calibration.items():
@@ -85,9 +79,24 @@ class DyingWorkers(RayEngine):
         return super().map(die, tasks)
 
 
-def test_a_worker_lost_mid_cycle_falls_back_to_local(counts: MinuteCounts, address: str) -> None:
+def test_a_ray_version_mismatch_names_both_versions(ray_address: str) -> None:
+    """A driver of another Ray version than the cluster's (patched here: the cluster is this
+    process's) stops with one line naming both, not Ray's traceback."""
+    code = (
+        "import ray; ray.__version__ = '2.0.0'\n"
+        "from plugin.ray_engine import connect\n"
+        f"try: connect({ray_address!r})\n"
+        "except ConnectionError as e: print(e)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = done.stdout.strip()
+    assert "Version mismatch" in line and "Ray: 2.0.0" in line and f"Ray: {ray.__version__}" in line
+    assert "Install the cluster's Ray and Python versions" in line
+
+
+def test_a_worker_lost_mid_cycle_falls_back_to_local(counts: MinuteCounts, ray_address: str) -> None:
     loop = ForecastLoop(
-        forecaster=Forecaster(counts, engine=DyingWorkers(address)), clock=lambda: (END - 1) * 60.0
+        forecaster=Forecaster(counts, engine=DyingWorkers(ray_address)), clock=lambda: (END - 1) * 60.0
     )
     before = metric("kdrl.forecast.fallbacks", kdrl_engine="DyingWorkers")
     fresh = loop.cycle(choose=False)

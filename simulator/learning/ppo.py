@@ -22,17 +22,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from policies import features, heuristics
-from policies.placement import PlacementPolicy
-from simulator import clusterspec, engine, plots, traces
+from policies import features
+from simulator import plots, traces
 from simulator.learning import environment, export
 from simulator.learning.config import Args
 from simulator.learning.network import ActorCritic
+from simulator.learning.vectorized import Environments, LocalEnvironments
 
 
 @dataclass
@@ -55,25 +54,6 @@ def pick_device(wanted: str) -> str:
     return wanted
 
 
-def make_envs(args: Args) -> tuple[gym.vector.SyncVectorEnv, environment.Scenarios]:
-    trace = traces.load(args.trace)
-    shapes = clusterspec.load(args.shapes).pools
-    scenarios = environment.Scenarios(
-        trace=trace,
-        shapes=shapes,
-        curriculum=environment.Curriculum.up_to(args.largest_cluster, args.episode_minutes),
-    )
-
-    def make() -> gym.Env[Any, Any]:
-        shaping = args.gamma if args.shape_reward else None
-        return environment.PlacementEnv(scenarios.draw, scenarios.max_rows, shaping_gamma=shaping)
-
-    envs = gym.vector.SyncVectorEnv(
-        [make for _ in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
-    return envs, scenarios
-
-
 def _tensors(obs: dict[str, np.ndarray], device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return (
         torch.as_tensor(obs["nodes"], device=device),
@@ -83,14 +63,20 @@ def _tensors(obs: dict[str, np.ndarray], device: torch.device) -> tuple[Tensor, 
     )
 
 
-def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: None) -> ActorCritic:
+def train(
+    args: Args,
+    on_update: Callable[[int, Progress], None] = lambda *_: None,
+    environments: Environments | None = None,
+) -> ActorCritic:
+    """PPO over `environments` (default: `args.num_envs` in this process), closed at the end."""
     seed_everything(args.seed)
     torch.set_num_threads(args.torch_threads)
     device = torch.device(pick_device(args.device))
-    envs, scenarios = make_envs(args)
+    envs = environments or LocalEnvironments(args, traces.load(args.trace))
+    curriculum = environment.Curriculum.up_to(args.largest_cluster, args.episode_minutes)
     model = ActorCritic(args.hidden).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, eps=1e-5)
-    rows = scenarios.max_rows
+    rows = envs.rows
     shape = (args.num_steps, args.num_envs)
     nodes_buf = torch.zeros((*shape, rows, len(features.NODE_FEATURES)), device=device)
     mask_buf = torch.zeros((*shape, rows), dtype=torch.bool, device=device)
@@ -102,22 +88,20 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
     writer = _writer(args.out)
     log = _CsvLog(args.out / "progress.csv")
     global_step, started = 0, time.time()
-    obs, _ = envs.reset(seed=args.seed)
+    obs = envs.reset(args.seed)
     next_obs = _tensors(obs, device)
     next_done = torch.zeros(args.num_envs, device=device)
     updates = max(args.total_timesteps // args.batch_size, 1)
     episode_returns: list[float] = []
     running_return = np.zeros(args.num_envs)
     reward_scale = RewardScale(args.num_envs, args.gamma)
-    # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
-    teacher = heuristics.by_name(args.imitate, seed=args.seed) if args.imitate else None
-    imitation_updates = args.imitate_timesteps // args.batch_size if teacher else 0
-    keep_teacher = teacher is not None and args.imitate_coef > 0
+    imitation_updates = args.imitate_timesteps // args.batch_size if args.imitate else 0
+    keep_teacher = bool(args.imitate) and args.imitate_coef > 0
 
     for update in range(1, updates + 1):
         imitating = update <= imitation_updates
         fraction = (update - 1) / updates
-        scenarios.progress = fraction
+        envs.set_progress(fraction)
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = (1.0 - fraction) * args.learning_rate
         for step in range(args.num_steps):
@@ -130,17 +114,15 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
                 logits, value = model(nodes, mask, pod, cluster)
                 distribution = torch.distributions.Categorical(logits=logits)
                 if imitating or keep_teacher:
-                    assert teacher is not None
-                    taught[step] = torch.as_tensor(teacher_actions(envs, teacher), device=device)
+                    taught[step] = torch.as_tensor(envs.teach(), device=device)
                 action = taught[step].long() if imitating else distribution.sample()
             values[step], actions[step], logprobs[step] = value, action, distribution.log_prob(action)
-            obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
+            obs, reward, finished = envs.step(action.cpu().numpy())
             running_return += reward
-            finished = np.logical_or(terminated, truncated)
             for env_index in np.flatnonzero(finished):
                 episode_returns.append(float(running_return[env_index]))
                 running_return[env_index] = 0.0
-            scaled = reward_scale(np.asarray(reward, dtype=np.float64), finished)
+            scaled = reward_scale(reward, finished)
             rewards[step] = torch.as_tensor(scaled, device=device, dtype=torch.float32)
             next_obs = _tensors(obs, device)
             next_done = torch.as_tensor(finished, device=device, dtype=torch.float32)
@@ -223,7 +205,7 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
             "entropy": float(entropy_bonus.detach()),
             "approx_kl": float(approx_kl),
             "clipfrac": float(np.mean(clipfracs)),
-            "curriculum_stage": float(scenarios.curriculum.stage(fraction)[1]),
+            "curriculum_stage": float(curriculum.stage(fraction)[1]),
             "imitating": float(imitating),
         }
         log.write(stats)
@@ -241,12 +223,6 @@ def train(args: Args, on_update: Callable[[int, Progress], None] = lambda *_: No
     if args.export_onnx:
         export.export(model, args.out / "placement.onnx", _config(args))
     return model
-
-
-def teacher_actions(envs: gym.vector.SyncVectorEnv, teacher: PlacementPolicy) -> np.ndarray:
-    """Each environment's pending decision answered by `teacher`, as the simulator would."""
-    decisions = [env.unwrapped.decision for env in envs.envs]  # type: ignore[attr-defined]
-    return np.array([engine.best_row(teacher, d) if d is not None else 0 for d in decisions])
 
 
 class RewardScale:

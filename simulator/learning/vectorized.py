@@ -1,0 +1,95 @@
+"""The environments a PPO update steps together, wherever they run.
+
+`LocalEnvironments` steps them in this process (gymnasium's `SyncVectorEnv`: the simulator is
+pure Python); `plugin.ray_rollouts.RayEnvironments` splits them over Ray actors, each holding a
+`LocalEnvironments` of consecutive indices. Environment i draws its episodes from its own
+generator, seeded `seed + i`, and the curriculum's progress is the only state they share, set
+by the learner; so environments split over workers step exactly as they do together, and the
+same seed trains the same model with any number of workers (tests/test_ray_rollouts.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from policies import heuristics
+from simulator import clusterspec, engine, traces
+from simulator.learning import environment
+from simulator.learning.config import Args
+
+Observations = dict[str, np.ndarray]
+
+
+class Environments(Protocol):
+    """`num_envs` placement environments stepped as one (observations stacked on axis 0)."""
+
+    num_envs: int
+    rows: int  # node rows of an observation
+
+    def reset(self, seed: int) -> Observations: ...
+
+    def step(self, actions: np.ndarray) -> tuple[Observations, np.ndarray, np.ndarray]:
+        """Observations, rewards and whether each episode finished (the next one is already
+        started: its first observation is the one returned)."""
+        ...
+
+    def teach(self) -> np.ndarray:
+        """The teacher's (`Args.imitate`) choice for each pending placement."""
+        ...
+
+    def set_progress(self, progress: float) -> None:
+        """The share of training done, which sets the curriculum's stage."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def scenarios(args: Args, trace: traces.Trace) -> environment.Scenarios:
+    return environment.Scenarios(
+        trace=trace,
+        shapes=clusterspec.load(args.shapes).pools,
+        curriculum=environment.Curriculum.up_to(args.largest_cluster, args.episode_minutes),
+    )
+
+
+class LocalEnvironments:
+    """Environments `first` .. `first + count - 1` of a run, in this process."""
+
+    def __init__(self, args: Args, trace: traces.Trace, first: int = 0, count: int | None = None) -> None:
+        self.first = first
+        self.num_envs = args.num_envs if count is None else count
+        self.scenarios = scenarios(args, trace)
+        self.rows = self.scenarios.max_rows
+        # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
+        self.teacher = heuristics.by_name(args.imitate, seed=args.seed) if args.imitate else None
+        shaping = args.gamma if args.shape_reward else None
+
+        def make() -> gym.Env[Any, Any]:
+            return environment.PlacementEnv(self.scenarios.draw, self.rows, shaping_gamma=shaping)
+
+        self.envs = gym.vector.SyncVectorEnv(
+            [make for _ in range(self.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+
+    def reset(self, seed: int) -> Observations:
+        observations: Observations = self.envs.reset(seed=seed + self.first)[0]  # environment i: seed + i
+        return observations
+
+    def step(self, actions: np.ndarray) -> tuple[Observations, np.ndarray, np.ndarray]:
+        observations, reward, terminated, truncated, _ = self.envs.step(actions)
+        return observations, np.asarray(reward, dtype=np.float64), np.logical_or(terminated, truncated)
+
+    def teach(self) -> np.ndarray:
+        if self.teacher is None:
+            raise ValueError("no teacher: Args.imitate is empty")
+        decisions = [env.unwrapped.decision for env in self.envs.envs]  # type: ignore[attr-defined]
+        return np.array([engine.best_row(self.teacher, d) if d is not None else 0 for d in decisions])
+
+    def set_progress(self, progress: float) -> None:
+        self.scenarios.progress = progress
+
+    def close(self) -> None:
+        self.envs.close()
