@@ -3,6 +3,7 @@
     python -m bench.forecaster            # the table
     python -m bench.forecaster --json
     python -m bench.forecaster --functions 10000,100000 --engine local,ray:1,ray:2   # scaling
+    python -m bench.forecaster --statsforecast-ray   # statsforecast's own Ray path, for comparison
     python -m bench.forecaster --functions 10000,20000 --flood 100000 --rss --sigterm
 
 - ingest through the HTTP sink: `kdrl serve` offline in a subprocess, 16 concurrent senders
@@ -77,13 +78,7 @@ def forecast_cycle(
     resident memory after the size's rows (sizes ascending, so a larger one's peak is its own)."""
     rows = []
     for functions in sorted(sizes):
-        counts = MinuteCounts()
-        data = histories(functions, 720)
-        minutes = np.arange(END - 720, END, dtype=np.int64)
-        for i, row in enumerate(data):
-            busy = np.flatnonzero(row)
-            counts.load(f"ns/f{i:06d}", minutes[busy], row[busy].astype(np.int64))
-        del data
+        counts = _counts(functions)
         for name in engines:
             rows += _cycle(Forecaster(counts, engine=_engine(name)), name)
     return rows
@@ -159,6 +154,67 @@ def _peak_rss_mib() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) // 1024
     return 0
+
+
+def statsforecast_ray(functions: int = FUNCTIONS, workers: int = 2) -> list[dict[str, Any]]:
+    """statsforecast's own distributed path (a Ray Dataset through fugue) against our Ray tasks,
+    for the part of a forecast cycle statsforecast does: each chosen model's forecasts for the
+    functions that chose it (idle times and calibration left out, in its favour). Needs
+    `fugue[ray]`, which the project does not install (this comparison is why)."""
+    try:
+        import fugue_ray  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
+        import ray
+    except ImportError as error:
+        print(f"skipped: statsforecast's Ray path needs fugue[ray] ({error}); pip install 'fugue[ray]'")
+        return []
+    from forecaster.forecasting import _engine as statsforecast
+    from forecaster.forecasting import _frame
+
+    counts = _counts(functions)
+    forecaster = Forecaster(counts)
+    choice = forecaster.choose(END, horizon=30)
+    histories = forecaster.histories(END)
+    by_model: dict[str, list[str]] = {}
+    for kind, members in forecaster.classes(END, histories).items():
+        for function in members:
+            for name in dict.fromkeys(choice.models(function, kind)):
+                by_model.setdefault(name, []).append(function)
+    frames = {
+        name: _frame(members, histories, END, forecaster.training_minutes)
+        for name, members in by_model.items()
+    }
+    rows = []
+    started = time.perf_counter()
+    for name, frame in frames.items():
+        statsforecast([name]).forecast(df=frame, h=30)
+    rows.append(("statsforecast, in process", time.perf_counter() - started))
+    ray.shutdown()
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    started = time.perf_counter()
+    for name, frame in frames.items():
+        statsforecast([name]).forecast(df=ray.data.from_pandas(frame), h=30).to_pandas()
+    rows.append((f"statsforecast's Ray path (fugue), {workers} workers", time.perf_counter() - started))
+    ray.shutdown()
+    return [
+        {
+            "benchmark": f"{label}: {len(histories):,} functions' model forecasts, {len(frames)} models",
+            "value": round(seconds, 2),
+            "unit": "s",
+            "target": "",
+        }
+        for label, seconds in rows
+    ]
+
+
+def _counts(functions: int) -> MinuteCounts:
+    """`functions` functions' last 12 hours (those with a call in them)."""
+    counts = MinuteCounts()
+    data = histories(functions, 720)
+    minutes = np.arange(END - 720, END, dtype=np.int64)
+    for i, row in enumerate(data):
+        busy = np.flatnonzero(row)
+        counts.load(f"ns/f{i:06d}", minutes[busy], row[busy].astype(np.int64))
+    return counts
 
 
 def _engine(name: str) -> Engine:
@@ -414,6 +470,9 @@ def catalog_memory(services: int = 20_000, nodes: int = 5_000) -> list[dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--statsforecast-ray", action="store_true", help="statsforecast's own Ray path against ours"
+    )
     parser.add_argument("--rss", action="store_true", help="the service's memory per history size")
     parser.add_argument("--catalog", action="store_true", help="the Services' and the cluster cache's memory")
     parser.add_argument(
@@ -449,6 +508,10 @@ def main() -> None:
                     print(" | ".join(str(v) for v in r.values()))
         return
     engines, sizes = args.engine.split(","), [int(n) for n in args.functions.split(",")]
+    if args.statsforecast_ray:
+        for r in statsforecast_ray(min(sizes)):
+            print(f"{r['benchmark']:<90} {r['value']:>8} {r['unit']}")
+        return
     if engines != ["local"] or sizes != [FUNCTIONS]:  # the scaling table alone
         scaling = forecast_cycle(engines, sizes)
         if args.json:

@@ -39,12 +39,13 @@ from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
 from plugin.forecasts import ForecastLoop
 from plugin.functions import FunctionCatalog
 from plugin.informer import WatchSettings
-from plugin.keys import AUDIENCES, CACHE, EVENTS, EXTENDER, FORECASTS, PREWARM, SETTINGS
+from plugin.keys import AUDIENCES, CACHE, EVENTS, EXTENDER, FORECASTS, PREWARM, RELOADER, SETTINGS
 from plugin.leader import LeaderElector
+from plugin.model_reload import ModelReloader
 from plugin.prewarm_loop import PrewarmLoop
 from plugin.prewarming import Prepuller, RevisionActuator
 from plugin.settings import Settings
-from policies import registry
+from policies import onnx_policy, registry
 from prewarm.planning import Budget, PlannerSettings, plan_json
 
 logger = logging.getLogger(__name__)
@@ -79,16 +80,22 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
         cache = ClusterCache(api=api, settings=watch)
         binder = KubeBinder(api=api, timeout_s=settings.kube.request_timeout_s)
     chosen = settings.policy
-    loaded = registry.load(
+    load = partial(
+        registry.load,
         chosen.name,
         seed=chosen.seed,
         model=chosen.model,
         device=chosen.device,
         threads=chosen.threads,
     )
+    loaded = load()
     app[SETTINGS] = settings
     app[CACHE] = cache
     app[EXTENDER] = Extender(cache=cache, policy=loaded, binder=binder)
+    if chosen.name == "onnx":
+        path = chosen.model or onnx_policy.DEFAULT_MODEL
+        app[RELOADER] = ModelReloader(app[EXTENDER], path, load, interval_s=chosen.reload_s)
+        app.cleanup_ctx.append(_background(app[RELOADER].run, "model-reload"))
     metrics.start_counters(loaded.policy.name)
     app[EVENTS] = sink = _event_sink(settings)
     app[FORECASTS] = ForecastLoop(
@@ -425,13 +432,15 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _readyz(request: web.Request) -> web.Response:
     cache = request.app[CACHE]
     snapshot = cache.snapshot
-    detail = {
+    detail: dict[str, Any] = {
         "ready": snapshot.synced,
         "mode": "offline" if cache.offline else "watch",
         "nodes": len(snapshot.nodes),
         "snapshot_age_s": round(snapshot.age(cache.clock()), 3),
         **request.app[EXTENDER].loaded.describe(),
     }
+    if RELOADER in request.app:  # a changed model file that failed to load says so here
+        detail["model_reload"] = request.app[RELOADER].describe()
     if detail["degraded"]:
         detail["status"] = "degraded"  # still ready: the fallback policy serves
     return web.json_response(detail, status=200 if snapshot.synced else 503)

@@ -126,22 +126,27 @@ class Extender:
         decisions: DecisionLog | None = None,
     ) -> None:
         self.cache = cache
-        self.loaded = policy
-        self.policy = policy.policy
         self.decisions = decisions or DecisionLog()
-        self._scored = "fallback" if policy.degraded else "scored"  # the outcome of a ranked pod
-        self._labels = {"kdrl.policy": self.policy.name}
-        self._policy_attributes: dict[str, str | bool] = {
-            "kdrl.policy": self.policy.name,
-            "kdrl.policy.provider": self.loaded.provider,
-            "kdrl.policy.fallback": bool(self.loaded.degraded),
-        }
-        if self.loaded.degraded:
-            self._policy_attributes["kdrl.policy.degraded"] = self.loaded.degraded
+        self.use(policy)
         self._binder = binder
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()
         self._filtered: _Filtered | None = None
         self._encoder: tuple[ClusterObjects, wire.HostPriorityEncoder] | None = None
+
+    def use(self, policy: LoadedPolicy) -> None:
+        """Serve `policy` from the next call on (at start, and when a changed model reloads)."""
+        self.loaded = policy
+        self.policy = policy.policy
+        self._scored = "fallback" if policy.degraded else "scored"  # the outcome of a ranked pod
+        self._labels = {"kdrl.policy": self.policy.name}
+        self._policy_attributes: dict[str, str | bool] = {
+            "kdrl.policy": self.policy.name,
+            "kdrl.policy.provider": policy.provider,
+            "kdrl.policy.fallback": bool(policy.degraded),
+            "kdrl.policy.model": policy.model,
+        }
+        if policy.degraded:
+            self._policy_attributes["kdrl.policy.degraded"] = policy.degraded
 
     def _encoder_for(self, cluster: ClusterObjects) -> wire.HostPriorityEncoder:
         """The answer encoder of the current cluster, rebuilt when a new snapshot arrives."""

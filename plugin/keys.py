@@ -8,6 +8,7 @@ from plugin.cluster import ClusterCache
 from plugin.events import EventSink
 from plugin.extender import Extender
 from plugin.forecasts import ForecastLoop
+from plugin.model_reload import ModelReloader
 from plugin.prewarm_loop import PrewarmLoop
 from plugin.settings import Settings
 
@@ -18,3 +19,4 @@ EXTENDER = web.AppKey("extender", Extender)
 EVENTS = web.AppKey("events", EventSink)
 FORECASTS = web.AppKey("forecasts", ForecastLoop)
 PREWARM = web.AppKey("prewarm", PrewarmLoop)
+RELOADER = web.AppKey("model-reloader", ModelReloader)  # with the onnx policy only

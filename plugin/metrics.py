@@ -114,6 +114,10 @@ candidates = meter.create_histogram(
     description="Candidate nodes per pod: the filter's, or prioritize's when no filter came first",
     explicit_bucket_boundaries_advisory=NODE_COUNTS,
 )
+model_reloads = meter.create_counter(
+    "kdrl.model.reloads",
+    description="Changed model files: reloaded (now serving) or failed (the serving model kept)",
+)
 policy_fallback = meter.create_gauge(
     "kdrl.policy.fallback",
     description="1 while the configured policy could not load and kube-default serves instead",

@@ -203,6 +203,10 @@ class HistorySettings:
     )
 
 
+def _not_negative(value: float) -> str | None:
+    return None if value >= 0 else "must be 0 or more"
+
+
 @dataclass(frozen=True)
 class PolicySettings:
     name: str = _setting(
@@ -226,10 +230,14 @@ class PolicySettings:
         choices=("auto", "cuda", "cpu"),
     )
     threads: int = _setting(1, "KDRL_MODEL_THREADS", "ONNX Runtime intra-op threads.", check=_positive)
-
-
-def _not_negative(value: float) -> str | None:
-    return None if value >= 0 else "must be 0 or more"
+    reload_s: float = _setting(
+        10.0,
+        "KDRL_MODEL_RELOAD_S",
+        "Seconds between checks of the onnx policy's model file; a changed file serves without a "
+        "restart, one that fails to load leaves the serving model in place (/readyz says why). "
+        "0: only on SIGHUP.",
+        check=_not_negative,
+    )
 
 
 @dataclass(frozen=True)

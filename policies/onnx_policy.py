@@ -9,6 +9,7 @@ later is scored by kube-default, that request only.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ class OnnxPolicy:
         self.provider: str = session.get_providers()[0]
         self._stand_in = heuristics.kube_default()  # for a request the model fails on
         self.failures = 0  # requests scored by the stand-in
+        self.model_hash = ""  # of the file it was opened from
 
     @classmethod
     def open(cls, path: Path, *, device: str = "auto", threads: int = 1) -> OnnxPolicy:
@@ -61,7 +63,8 @@ class OnnxPolicy:
         )
         ort.set_default_logger_severity(4)  # a CUDA probe that fails is reported below, once
         try:
-            session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
+            data = path.read_bytes()  # once: the hash names exactly the bytes that serve
+            session = ort.InferenceSession(data, sess_options=options, providers=wanted)
         except Exception as error:  # onnxruntime raises its own exception types for bad files
             raise ModelError(f"{path}: not a loadable ONNX model ({error})") from error
         finally:
@@ -83,6 +86,7 @@ class OnnxPolicy:
         if OUTPUT not in outputs:
             raise ModelError(f"{path}: outputs {outputs}, expected {OUTPUT!r}")
         policy = cls(session, metadata)
+        policy.model_hash = content_hash(data)
         policy.probe(path)
         if CUDA in wanted and policy.provider != CUDA:
             log.log(
@@ -132,9 +136,15 @@ class LoadedPolicy:
     policy: PlacementPolicy
     provider: str  # the execution provider, or "none" when the heuristic stands in
     degraded: str = ""  # why the chosen policy is not serving; empty when it is
+    model: str = ""  # the hash of the file it serves (`file_hash`); empty for a policy of none
 
     def describe(self) -> dict[str, str]:
-        return {"policy": self.policy.name, "provider": self.provider, "degraded": self.degraded}
+        return {
+            "policy": self.policy.name,
+            "provider": self.provider,
+            "degraded": self.degraded,
+            "model": self.model,
+        }
 
     @classmethod
     def kube_default_instead(cls, wanted: str, reason: str) -> LoadedPolicy:
@@ -149,5 +159,10 @@ def load(path: Path = DEFAULT_MODEL, *, device: str = "auto", threads: int = 1) 
         policy = OnnxPolicy.open(path, device=device, threads=threads)
     except ModelError as error:
         return LoadedPolicy.kube_default_instead("onnx", str(error))
-    log.info("learned placement policy %s on %s", path.name, policy.provider)
-    return LoadedPolicy(policy=policy, provider=policy.provider)
+    log.info("learned placement policy %s (%s) on %s", path.name, policy.model_hash, policy.provider)
+    return LoadedPolicy(policy=policy, provider=policy.provider, model=policy.model_hash)
+
+
+def content_hash(data: bytes) -> str:
+    """The first 12 hex digits of the SHA-256 of a model's bytes: which model served a decision."""
+    return hashlib.sha256(data).hexdigest()[:12]

@@ -33,7 +33,9 @@ def load(
         return onnx_policy.load(model or onnx_policy.DEFAULT_MODEL, device=device, threads=threads)
     if name == "tuned":
         try:
-            return LoadedPolicy(policy=heuristics.tuned(tuned_weights), provider="numpy")
-        except ValueError as error:
+            policy = heuristics.tuned(tuned_weights)
+            digest = onnx_policy.content_hash(tuned_weights.read_bytes())
+            return LoadedPolicy(policy=policy, provider="numpy", model=digest)
+        except (ValueError, OSError) as error:
             return LoadedPolicy.kube_default_instead("tuned", str(error))
     return LoadedPolicy(policy=heuristics.by_name(name, seed=seed), provider="numpy")

@@ -163,6 +163,7 @@ async def test_health(offline_client: Client) -> None:
         "policy": "kube-default",
         "provider": "numpy",
         "degraded": "",
+        "model": "",  # kube-default serves no file
     }
 
 
