@@ -10,6 +10,7 @@ latency and calls per second.
     python -m bench.extender --json          # the same as JSON
     python -m bench.extender --nodes 500 --verb prioritize --seconds 5
     python -m bench.extender --metrics-cost  # metrics on against off, paired, one table
+    python -m bench.extender --decisions-cost  # decision recording on against off (prioritize + bind)
 
 Targets on a 2-core machine: >= 1,000 prioritize calls/s at 500 nodes, p99 <= 5 ms at
 1,000 nodes, p99 <= 20 ms at 5,000 nodes.
@@ -209,8 +210,11 @@ class Connection:
 
 
 def measure(port: int, verb: str, payloads: list[bytes], seconds: float) -> list[float]:
+    """Latencies of `verb` calls for `seconds`; `placement`: a prioritize, then the bind of the
+    pod to the node it ranked first, timed together."""
     connection = Connection(port)
-    requests = [Connection.request(verb, body) for body in payloads]
+    requests = [Connection.request(verb.replace("placement", "prioritize"), body) for body in payloads]
+    binds = [_binding(body) for body in payloads] if verb == "placement" else []
     for request in requests[:20]:  # warm-up: connection, caches, allocator
         connection.exchange(request)
     latencies = []
@@ -218,12 +222,22 @@ def measure(port: int, verb: str, payloads: list[bytes], seconds: float) -> list
     i = 0
     while time.perf_counter() < end:
         start = time.perf_counter()
-        status, _ = connection.exchange(requests[i % len(requests)])
+        status, answer = connection.exchange(requests[i % len(requests)])
+        if binds and status == 200:
+            best = max(json.loads(answer), key=lambda entry: entry["Score"])["Host"]
+            body = json.dumps({**binds[i % len(binds)], "Node": best}).encode()
+            status, answer = connection.exchange(Connection.request("bind", body))
+            status = 500 if json.loads(answer).get("Error") else status
         latencies.append(time.perf_counter() - start)
         if status != 200:
-            raise RuntimeError(f"{verb} answered {status}")
+            raise RuntimeError(f"{verb} answered {status}: {answer[:200]!r}")
         i += 1
     return latencies
+
+
+def _binding(prioritize_body: bytes) -> dict[str, str]:
+    meta = json.loads(prioritize_body)["Pod"]["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"]}
 
 
 def judge(verb: str, n_nodes: int, row: dict[str, float]) -> str:
@@ -277,24 +291,35 @@ SETTLE_S = 15.0
 
 
 @dataclass(frozen=True)
-class MetricsCost:
+class SettingCost:
+    setting: str  # the KDRL_ boolean turned on and off
     verb: str
     nodes: int
     rounds: int
     p50_on_ms: float
     p50_off_ms: float
-    ratio: float  # mean latency, metrics on / off: the median over paired rounds
+    ratio: float  # mean latency, setting on / off: the median over paired rounds
     ratio_low: float  # a 95 % bootstrap interval of that median
     ratio_high: float
     verdict: str
 
 
-def metrics_cost(
-    node_counts: tuple[int, ...], verbs: tuple[str, ...], seconds: float, rounds: int, seed: int = 0
-) -> list[MetricsCost]:
-    """The extender with metrics on (`KDRL_METRICS=true`) against off, paired: both servers
-    run side by side and are measured in alternating short rounds (on, off, off, on, ...), so
-    machine noise hits both alike; the ratio is of each round pair's mean latency."""
+COSTS = {"metrics": "KDRL_METRICS", "decisions": "KDRL_DECISIONS_RECORD"}
+
+
+def setting_cost(
+    setting: str,
+    node_counts: tuple[int, ...],
+    verbs: tuple[str, ...],
+    seconds: float,
+    rounds: int,
+    seed: int = 0,
+) -> list[SettingCost]:
+    """The extender with a boolean setting on (`metrics`: KDRL_METRICS, `decisions`:
+    KDRL_DECISIONS_RECORD) against off, paired: both servers run side by side and are measured
+    in alternating short rounds (on, off, off, on, ...), so machine noise hits both alike; the
+    ratio is of each round pair's mean latency. The `placement` verb is a prioritize and the
+    bind that follows it (what recording a decision rides on)."""
     rng = np.random.default_rng(seed)
     out = []
     for n_nodes in node_counts:
@@ -303,8 +328,8 @@ def metrics_cost(
             on_dir.mkdir()
             off_dir.mkdir()
             servers = {
-                "on": start_server(on_dir, n_nodes, env={"KDRL_METRICS": "true"}),
-                "off": start_server(off_dir, n_nodes, env={"KDRL_METRICS": "false"}),
+                "on": start_server(on_dir, n_nodes, env={COSTS[setting]: "true"}),
+                "off": start_server(off_dir, n_nodes, env={COSTS[setting]: "false"}),
             }
             try:
                 payloads = bodies(n_nodes, 64, full_nodes=None)
@@ -325,7 +350,8 @@ def metrics_cost(
                     low, high = np.percentile(medians, [2.5, 97.5])
                     ratio = float(np.median(ratios))
                     out.append(
-                        MetricsCost(
+                        SettingCost(
+                            setting=COSTS[setting],
                             verb=verb,
                             nodes=n_nodes,
                             rounds=rounds,
@@ -347,7 +373,7 @@ def metrics_cost(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, action="append", help="node counts (default: 100 500 1000 5000)")
-    parser.add_argument("--verb", choices=VERBS, action="append")
+    parser.add_argument("--verb", choices=(*VERBS, "placement"), action="append")
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per verb and size")
     parser.add_argument(
         "--full-nodes", action="store_true", help="send full Node objects (nodeCacheCapable: false)"
@@ -358,15 +384,26 @@ def main() -> None:
         action="store_true",
         help="compare metrics on and off, paired (default sizes 500 and 1000 nodes, 24 rounds)",
     )
-    parser.add_argument("--rounds", type=int, default=24, help="paired rounds for --metrics-cost")
+    parser.add_argument(
+        "--decisions-cost",
+        action="store_true",
+        help="compare decision recording on and off, paired, on prioritize + bind (the placement verb)",
+    )
+    parser.add_argument("--rounds", type=int, default=24, help="paired rounds for a cost comparison")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if args.metrics_cost:
-        costs = metrics_cost(
-            tuple(args.nodes or (500, 1000)), tuple(args.verb or VERBS), args.seconds * 4, args.rounds
+    if args.metrics_cost or args.decisions_cost:
+        setting, verbs = ("metrics", VERBS) if args.metrics_cost else ("decisions", ("placement",))
+        costs = setting_cost(
+            setting,
+            tuple(args.nodes or (500, 1000)),
+            tuple(args.verb or verbs),
+            args.seconds * 4,
+            args.rounds,
         )
         header = (
-            f"{'verb':<11} {'nodes':>6} {'rounds':>6} {'p50 on':>8} {'p50 off':>8} {'on/off (95% CI)':>22}"
+            f"{'setting':<22} {'verb':<11} {'nodes':>6} {'rounds':>6} {'p50 on':>8} {'p50 off':>8} "
+            f"{'on/off (95% CI)':>22}"
         )
         show(costs, args.json, header, _cost_line)
         return
@@ -398,10 +435,10 @@ def _row_line(r: Row) -> str:
     )
 
 
-def _cost_line(c: MetricsCost) -> str:
+def _cost_line(c: SettingCost) -> str:
     interval = f"{c.ratio:.3f} [{c.ratio_low:.3f}, {c.ratio_high:.3f}]"
     return (
-        f"{c.verb:<11} {c.nodes:>6} {c.rounds:>6} {c.p50_on_ms:>8.2f} {c.p50_off_ms:>8.2f} "
+        f"{c.setting:<22} {c.verb:<11} {c.nodes:>6} {c.rounds:>6} {c.p50_on_ms:>8.2f} {c.p50_off_ms:>8.2f} "
         f"{interval:>22}  {c.verdict}"
     )
 

@@ -56,6 +56,7 @@ class PodChange:
 class ColdStart:
     """One pod's way to Ready, observed once: in total and, when the events told, its parts."""
 
+    uid: str
     function: str
     seconds: float  # creation to Ready
     scheduling_s: float | None  # creation to bound
@@ -143,6 +144,7 @@ class Lifecycle:
 def _cold_start(pod: PodChange, ready: float) -> ColdStart:
     scheduled = pod.scheduled if pod.scheduled is not None and pod.created <= pod.scheduled <= ready else None
     return ColdStart(
+        uid=pod.uid,
         function=pod.function,
         seconds=max(ready - pod.created, 0.0),
         scheduling_s=None if scheduled is None else scheduled - pod.created,

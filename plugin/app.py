@@ -31,6 +31,7 @@ from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
 from plugin import audiences, events, informer, kube, metrics, objectfiles, webhook, wire
 from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
+from plugin.decision_recorder import DecisionRecorder
 from plugin.decisions import RECENT
 from plugin.emitter import Emitter
 from plugin.errors import BadRequest, SettingsError, SlowRequest, body_deadline
@@ -39,7 +40,17 @@ from plugin.extender import Binder, Extender, KubeBinder, OfflineBinder
 from plugin.forecasts import ForecastLoop
 from plugin.functions import FunctionCatalog
 from plugin.informer import WatchSettings
-from plugin.keys import AUDIENCES, CACHE, EVENTS, EXTENDER, FORECASTS, PREWARM, RELOADER, SETTINGS
+from plugin.keys import (
+    AUDIENCES,
+    CACHE,
+    EVENTS,
+    EXTENDER,
+    FORECASTS,
+    PREWARM,
+    RECORDER,
+    RELOADER,
+    SETTINGS,
+)
 from plugin.leader import LeaderElector
 from plugin.model_reload import ModelReloader
 from plugin.prewarm_loop import PrewarmLoop
@@ -98,6 +109,16 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
         app.cleanup_ctx.append(_background(app[RELOADER].run, "model-reload"))
     metrics.start_counters(loaded.policy.name)
     app[EVENTS] = sink = _event_sink(settings)
+    if settings.history.record_decisions:
+        app[RECORDER] = recorder = DecisionRecorder(
+            settings.history.path,
+            retention_s=settings.history.decisions_retention_h * 3600.0,
+            max_rows=settings.history.decisions_max_rows,
+            max_per_s=settings.history.decisions_max_per_s,
+        )
+        app[EXTENDER].on_bound = recorder.served
+        sink.observers.append(recorder.observed)
+        app.cleanup_ctx.append(_background(recorder.run, "decision-records"))
     app[FORECASTS] = ForecastLoop(
         forecaster=Forecaster(sink.counts, engine=_engine(settings)), clock=time.time
     )

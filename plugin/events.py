@@ -72,6 +72,8 @@ class EventSink:
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     max_pending: int = 1024
     unknown_types: Counter[str] = field(default_factory=Counter)
+    # Told of each observed cold start (the decision recorder joins them to its decisions).
+    observers: list[Callable[[ColdStart], None]] = field(default_factory=list)
     _queue: list[_Pending] = field(default_factory=list)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     # One thread owns the SQLite connection: commits, compaction and close never overlap.
@@ -138,6 +140,8 @@ class EventSink:
                     self.counts.add(c.function, c.minute, c.count)
                 for cold_start in self.lifecycle.apply(effect):
                     _record(cold_start)
+                    for observer in self.observers:
+                        observer(cold_start)
         pending.done.set_result(fresh)
 
     @property

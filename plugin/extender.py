@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -129,6 +129,8 @@ class Extender:
         self.decisions = decisions or DecisionLog()
         self.use(policy)
         self._binder = binder
+        # Told of each pod bound with its decision (the closed loop's recorder); must not block.
+        self.on_bound: Callable[[Decision, LoadedPolicy], None] | None = None
         self._recent: OrderedDict[str, PodRequest] = OrderedDict()
         self._filtered: _Filtered | None = None
         self._encoder: tuple[ClusterObjects, wire.HostPriorityEncoder] | None = None
@@ -261,6 +263,8 @@ class Extender:
             if pod is not None:
                 self.cache.assume(uid, node, pod)
             self._bound(decision, "bound", "")
+            if decision is not None and self.on_bound is not None:
+                self.on_bound(decision, self.loaded)
             return wire.ExtenderBindingResult(Error="")
 
     async def _bindable(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from plugin.cluster import ClusterCache
+from plugin.decision_recorder import DecisionRecorder
 from plugin.events import EventSink
 from plugin.extender import Extender
 from plugin.forecasts import ForecastLoop
@@ -20,3 +21,4 @@ EVENTS = web.AppKey("events", EventSink)
 FORECASTS = web.AppKey("forecasts", ForecastLoop)
 PREWARM = web.AppKey("prewarm", PrewarmLoop)
 RELOADER = web.AppKey("model-reloader", ModelReloader)  # with the onnx policy only
+RECORDER = web.AppKey("decision-recorder", DecisionRecorder)  # with KDRL_DECISIONS_RECORD

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,18 @@ def add_commands(commands: Any) -> None:
         "the learner stays here",
     )
     train.add_argument("--workers", type=int, help="with --ray-address: Ray actors (default 2)")
+    train.add_argument(
+        "--from-decisions",
+        type=Path,
+        metavar="DB",
+        help="fine-tune from the placements kdrl serve recorded in this history database, offline",
+    )
+    train.add_argument(
+        "--from-model",
+        type=Path,
+        metavar="M",
+        help="with --from-decisions: the model to start from (ONNX or model.pt; default the shipped one)",
+    )
     train.set_defaults(run=_train)
 
     tune = commands.add_parser(
@@ -79,7 +93,25 @@ def add_commands(commands: Any) -> None:
     evaluate.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
     evaluate.add_argument("--out", type=Path, default=Path("out/evaluate"), help="folder for JSON and plot")
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    evaluate.add_argument(
+        "--against",
+        type=Path,
+        metavar="CURRENT",
+        help="gate: --model against this serving model, paired on the same cases (exit 1 if worse)",
+    )
+    evaluate.add_argument(
+        "--ship",
+        type=Path,
+        metavar="PATH",
+        help="with --against: copy --model to PATH when it is no worse, keeping PATH's file as PATH.previous",
+    )
     evaluate.set_defaults(run=_evaluate)
+
+    rollback = commands.add_parser(
+        "rollback", help="restore the model a gate replaced", description=_rollback.__doc__
+    )
+    rollback.add_argument("path", type=Path, help="the shipping path (its .previous file is restored)")
+    rollback.set_defaults(run=_rollback)
 
 
 def _short(value: Any) -> str:
@@ -97,6 +129,10 @@ def _train(args: argparse.Namespace) -> int:
 
     fields = {f.name for f in dataclasses.fields(config.Args)}
     options = config.Args(**{k: v for k, v in vars(args).items() if k in fields})
+    if args.from_decisions is not None:
+        return _train_from_decisions(args.from_decisions, args.from_model, options.out, options.seed)
+    if args.from_model is not None:
+        raise SettingsError("--from-model needs --from-decisions (PPO in the simulator starts afresh)")
     if options.total_timesteps < options.batch_size:
         raise SettingsError(f"--total-timesteps must be at least one batch ({options.batch_size})")
     if options.imitate:
@@ -131,6 +167,57 @@ def _train(args: argparse.Namespace) -> int:
             message = f"export refused: {error}; the checkpoint is {options.out}/model.pt"
             raise SettingsError(message) from error
     console.print(f"model and curves in {options.out}/")
+    return 0
+
+
+def _train_from_decisions(database: Path, start: Path | None, out: Path, seed: int) -> int:
+    """Fine-tune from recorded decisions (simulator/learning/offline.py); writes placement.onnx,
+    model.pt and report.json to `out`. A database that is missing, corrupt, empty or of another
+    feature schema stops here with exit 2."""
+    from collections import Counter
+
+    import torch
+
+    from policies.decision_records import DecisionStore, RecordsError
+    from simulator.learning import export, offline
+
+    skipped: Counter[str] = Counter()
+    try:
+        store = DecisionStore(database, create=False)
+        try:
+            records = list(store.read(skipped))
+        finally:
+            store.close()
+    except RecordsError as error:
+        raise SettingsError(str(error)) from error
+    if not records:
+        why = "of another feature schema" if skipped["another feature schema"] else "none recorded"
+        raise SettingsError(f"{database}: no decisions to learn from ({why}; skipped: {dict(skipped)})")
+    data = offline.usable(records, skipped)
+    if not data.records:
+        raise SettingsError(f"{database}: no usable decisions (skipped: {dict(data.skipped)})")
+    source = start or onnx_policy.DEFAULT_MODEL
+    try:
+        model = export.load(source)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise SettingsError(f"--from-model {source}: cannot load it ({error})") from error
+    arguments = offline.OfflineArgs(seed=seed)
+    report = offline.fine_tune(model, data, arguments)
+    out.mkdir(parents=True, exist_ok=True)
+    config_record = {
+        "from_decisions": database.name,
+        "from_model": source.name,
+        **dataclasses.asdict(arguments),
+    }
+    config_record["hidden"] = model.hidden
+    torch.save({"model": model.state_dict(), "args": config_record}, out / "model.pt")
+    export.export(model, out / "placement.onnx", config_record)
+    (out / "report.json").write_text(json.dumps(dataclasses.asdict(report), indent=1) + "\n")
+    Console(stderr=True).print(
+        f"fine-tuned on {report.used} decisions ({report.with_probabilities} with the serving policy's "
+        f"probabilities), skipped {dict(report.skipped)}, KL to the start {report.kl_to_start:.4f}: "
+        f"{out}/placement.onnx"
+    )
     return 0
 
 
@@ -180,6 +267,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         compare.Options(placements=tuple(policies)).validate()
     except (ValueError, KeyError) as error:
         raise SettingsError(str(error).strip("'\"")) from error
+    if args.against is not None:
+        return _gate(args, clusters, shifted)
+    if args.ship is not None:
+        raise SettingsError("--ship needs --against (a model ships only through the gate)")
     console = Console(stderr=True)
     with Progress(
         *Progress.get_default_columns(), TimeElapsedColumn(), console=console, disable=args.json
@@ -212,6 +303,85 @@ def _evaluate(args: argparse.Namespace) -> int:
         print_evaluation(result, Console(width=200))
         Console(stderr=True).print(f"evaluation.json, .md and .png in {args.out}/")
     return 0
+
+
+def _gate(args: argparse.Namespace, clusters: list[str], shifted: list[tuple[str, float]]) -> int:
+    """`--model` against `--against` on the evaluation protocol's cases; ships with `--ship`."""
+    for path in (args.model, args.against):
+        if not onnx_policy.load(path, device="cpu").model:
+            raise SettingsError(f"{path}: not a model that serves (missing, corrupt or another schema)")
+    console = Console(stderr=True)
+    grounds = len(clusters) + len(shifted)
+    with Progress(
+        *Progress.get_default_columns(), TimeElapsedColumn(), console=console, disable=args.json
+    ) as bar:
+        task = bar.add_task(f"gating on {grounds * args.seeds * 3} runs", total=grounds * args.seeds * 3)
+        verdict = evaluation.gate(
+            args.trace,
+            args.model,
+            args.against,
+            clusters=clusters,
+            shifted=shifted,
+            seeds=range(args.seed, args.seed + args.seeds),
+            functions=args.functions,
+            workers=args.workers,
+            progress=lambda _: bar.advance(task),
+        )
+    if verdict["ship"] and args.ship is not None:
+        ship(args.model, args.ship)
+        verdict["shipped_to"] = str(args.ship)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gate.json").write_text(json.dumps(verdict, indent=1, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps(verdict, sort_keys=True))
+    else:
+        table = Table(
+            title=f"gate: {verdict['new']} against {verdict['current']}, {verdict['cases']} paired cases"
+        )
+        for title in ("check", "new vs current (mean ± 95 % CI)", "passes"):
+            table.add_column(title)
+        for name, check in verdict["checks"].items():
+            table.add_row(
+                name, f"{check['mean']:.4f} ± {check['ci95']:.4f}", "yes" if check["passes"] else "NO"
+            )
+        Console(width=160).print(table)
+        console.print(
+            f"verdict: {'ship' if verdict['ship'] else 'keep the serving model'}"
+            + (
+                f" (shipped to {args.ship}; `kdrl rollback {args.ship}` restores the previous)"
+                if "shipped_to" in verdict
+                else ""
+            )
+        )
+    return 0 if verdict["ship"] else 1
+
+
+def ship(model: Path, path: Path) -> None:
+    """`model` to `path`, the file it replaces kept as `path.previous`."""
+    _swap_in(path, model, keep=".previous")
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    """Put back the model the last gate replaced (PATH.previous), keeping the one it removes as
+    PATH.rolled-back; a service reloading PATH serves it within KDRL_MODEL_RELOAD_S."""
+    previous = args.path.with_name(args.path.name + ".previous")
+    if not previous.is_file():
+        raise SettingsError(f"{previous}: no previous model to restore")
+    _swap_in(args.path, previous, keep=".rolled-back")
+    digest = onnx_policy.content_hash(args.path.read_bytes())
+    Console(stderr=True).print(f"{args.path} is the previous model again ({digest})")
+    return 0
+
+
+def _swap_in(path: Path, source: Path, *, keep: str) -> None:
+    """`source` to `path` atomically (a reloading service never reads half a file), `path`'s
+    file first copied to `path` + `keep`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file():
+        shutil.copy2(path, path.with_name(path.name + keep))
+    staged = path.with_name(path.name + ".incoming")
+    shutil.copy2(source, staged)
+    os.replace(staged, path)
 
 
 def _shifted(text: str) -> list[tuple[str, float]]:

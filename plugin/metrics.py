@@ -114,6 +114,11 @@ candidates = meter.create_histogram(
     description="Candidate nodes per pod: the filter's, or prioritize's when no filter came first",
     explicit_bucket_boundaries_advisory=NODE_COUNTS,
 )
+decisions_recorded = meter.create_counter(
+    "kdrl.decisions.recorded",
+    unit="{decision}",
+    description="Served placements for the closed loop: written, dropped (too many waiting), failed",
+)
 model_reloads = meter.create_counter(
     "kdrl.model.reloads",
     description="Changed model files: reloaded (now serving) or failed (the serving model kept)",

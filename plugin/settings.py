@@ -194,6 +194,32 @@ class HistorySettings:
             None if a is None or (a.strip() and ":" in a) else "expected HOST:PORT or ray://HOST:PORT"
         ),
     )
+    record_decisions: bool = _setting(
+        True,
+        "KDRL_DECISIONS_RECORD",
+        "Record each placement served (the candidates' features as the model saw them, the node, the "
+        "policy, its model hash) and the pod's start delay, into the history database, for `kdrl train "
+        "--from-decisions`. Written off the request path.",
+    )
+    decisions_retention_h: float = _setting(
+        72.0,
+        "KDRL_DECISIONS_RETENTION_H",
+        "Hours of recorded decisions kept.",
+        check=_positive,
+    )
+    decisions_max_per_s: float = _setting(
+        10.0,
+        "KDRL_DECISIONS_MAX_PER_S",
+        "Placements recorded per second at most; beyond, counted and not recorded (the writer shares "
+        "the extender's process: this bounds what it takes from it).",
+        check=_positive,
+    )
+    decisions_max_rows: int = _setting(
+        200_000,
+        "KDRL_DECISIONS_MAX_ROWS",
+        "Recorded decisions kept at most (the oldest go first).",
+        check=_positive,
+    )
     max_functions: int = _setting(
         20_000,
         "KDRL_MAX_FUNCTIONS",

@@ -264,6 +264,83 @@ def interval(values: Iterable[float]) -> dict[str, float]:
     return {"mean": round(mean, 6), "ci95": round(half, 6)}
 
 
+# -- the closed loop's gate: a new model against the serving one ----------------------------------
+COMPOSITE_MARGIN = 0.01  # a new model's mean composite may be at most 1 % above the serving one's
+SLA_MARGIN_PCT = 0.5  # and its critical / high SLA violations at most half a point above
+GATED_CLASSES = ("critical", "high")
+
+
+def _model_job(args: tuple[Path, Case, str, Path]) -> tuple[Case, str, dict[str, Any]]:
+    trace_path, case, label, model = args
+    trace = traces.load(trace_path)
+    name = REFERENCE if label == REFERENCE else "onnx"
+    return case, label, run(trace, case, placement(name, seed=case.seed, model=model))
+
+
+def gate(
+    trace_path: Path,
+    new: Path,
+    current: Path,
+    *,
+    clusters: Sequence[str] = CLUSTERS,
+    shifted: Sequence[tuple[str, float]] = SHIFTED,
+    seeds: Sequence[int] = SEEDS,
+    functions: int | None = None,
+    minutes: tuple[int, int] = EVAL_MINUTES,
+    weights: ObjectiveWeights | None = None,
+    workers: int = 0,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Both models (and kube-default, the composite's reference) on the same cases of the
+    evaluation protocol; the new one passes when, paired by case over every ground, its mean
+    composite is within `COMPOSITE_MARGIN` of the current one's and not significantly worse,
+    and the same holds for critical and high SLA violations (within `SLA_MARGIN_PCT` points)."""
+    weights = weights or ObjectiveWeights()
+    grounds = [(c, 1.0) for c in clusters] + [(c, scale) for c, scale in shifted]
+    cases = [
+        Case(c, s, functions if functions is not None else DEFAULT_FUNCTIONS.get(c), minutes, None, scale)
+        for c, scale in grounds
+        for s in seeds
+    ]
+    jobs = [
+        (trace_path, case, label, model)
+        for case in cases
+        for label, model in (("new", new), ("current", current), (REFERENCE, current))
+    ]
+    runs: dict[tuple[Case, str], dict[str, Any]] = {}
+    with ProcessPoolExecutor(max_workers=min(workers or os.cpu_count() or 1, len(jobs))) as pool:
+        for case, label, outcome in pool.map(_model_job, jobs):
+            runs[case, label] = outcome
+            progress(f"{case.ground} seed {case.seed}: {label}")
+
+    def composite_of(case: Case, label: str) -> float:
+        return composite(runs[case, label]["objectives"], runs[case, REFERENCE]["objectives"], weights)
+
+    ratio = paired_ratio([composite_of(c, "new") for c in cases], [composite_of(c, "current") for c in cases])
+    checks = {"composite": ratio | {"passes": _no_worse(ratio, 1.0, 1.0 + COMPOSITE_MARGIN)}}
+    for level in GATED_CLASSES:
+        differences = [
+            runs[c, "new"]["sla_violation_pct"][level] - runs[c, "current"]["sla_violation_pct"][level]
+            for c in cases
+        ]
+        summary: dict[str, Any] = interval(differences)
+        checks[f"sla_violation_pct_{level}"] = summary | {"passes": _no_worse(summary, 0.0, SLA_MARGIN_PCT)}
+    return {
+        "new": new.name,
+        "current": current.name,
+        "cases": len(cases),
+        "grounds": [f"{c}" if scale == 1.0 else f"{c} x{scale:g}" for c, scale in grounds],
+        "seeds": list(seeds),
+        "checks": checks,
+        "ship": bool(all(check["passes"] for check in checks.values())),
+    }
+
+
+def _no_worse(summary: Mapping[str, float], neutral: float, limit: float) -> bool:
+    """The mean within `limit`, and the interval reaching `neutral` (not significantly worse)."""
+    return bool(summary["mean"] <= limit and summary["mean"] - summary["ci95"] <= neutral)
+
+
 # -- grid search of the weighted heuristic, on the training split only ----------------------------
 TUNE_TERMS = ("MostAllocated", "ImageLocality", "Cheapness", "PowerEfficiency")
 TUNE_GRID = (0.0, 1.0, 3.0)

@@ -179,10 +179,12 @@ def test_a_pod_going_ready_is_one_cold_start_with_its_parts() -> None:
     bound = PodChange(uid="p1", function="shop/cart", revision="cart-1", created=100.0, scheduled=101.5)
     assert pods.apply(Effect(pods=[bound])) == []
     ready = PodChange(uid="p1", function="shop/cart", revision="cart-1", created=100.0, ready=107.0)
-    assert pods.apply(Effect(pods=[ready])) == [ColdStart("shop/cart", 7.0, scheduling_s=1.5, startup_s=5.5)]
+    assert pods.apply(Effect(pods=[ready])) == [
+        ColdStart("p1", "shop/cart", 7.0, scheduling_s=1.5, startup_s=5.5)
+    ]
     assert pods.apply(Effect(pods=[ready])) == []  # observed once, redelivered or not
     unbound = PodChange(uid="p2", function="shop/cart", revision="cart-1", created=200.0, ready=203.0)
     assert pods.apply(Effect(pods=[unbound])) == [
-        ColdStart("shop/cart", 3.0, scheduling_s=None, startup_s=None)
+        ColdStart("p2", "shop/cart", 3.0, scheduling_s=None, startup_s=None)
     ]
     assert pods.cold_starts_s["shop/cart"] == [7.0, 3.0]

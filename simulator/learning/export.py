@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import onnxruntime as ort
 import torch
 
 from policies import features, onnx_policy
-from simulator.learning.network import ActorCritic, Scorer
+from simulator.learning.network import CLUSTER_INPUTS, NODE_INPUTS, POD_INPUTS, ActorCritic, Scorer
 
 PARITY_TOLERANCE = 1e-5
 
@@ -97,3 +98,49 @@ def _commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return found.stdout.strip() or "unknown"
+
+
+def load(path: Path) -> ActorCritic:
+    """The actor of a model file: a checkpoint (`model.pt`, as `kdrl train` writes it) or an
+    exported ONNX file (the serving model), rebuilt from the graph's constants and refused
+    unless it scores the parity batches as ONNX Runtime does. The critic of an ONNX file is
+    not in it: it comes back freshly initialised."""
+    if path.suffix == ".pt":
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        model = ActorCritic(int(checkpoint["args"]["hidden"]))
+        model.load_state_dict(checkpoint["model"])
+        return model
+    graph = onnx.load(str(path))
+    metadata = {p.key: p.value for p in graph.metadata_props}
+    model = ActorCritic(int(metadata.get("kdrl.hidden", "32")))
+    constants = {i.name: onnx.numpy_helper.to_array(i) for i in graph.graph.initializer}
+    _import(model, constants)
+    scorer = Scorer(model).eval()
+    worst = max(parity(scorer, path, *parity_batch(size)) for size in (1, 17, 1000))
+    if worst > PARITY_TOLERANCE:
+        raise ExportError(f"{path}: its graph does not import (ONNX Runtime differs by {worst:.2e})")
+    return model
+
+
+def _import(model: ActorCritic, constants: Mapping[str, np.ndarray]) -> None:
+    """Named constants by name; those the exporter folded (normalisers' std, transposed
+    weights, unsqueezed biases) by their shape, each shape being unique in this graph."""
+    named = {k.removeprefix("model."): v for k, v in constants.items() if k.startswith("model.")}
+    folded = {tuple(v.shape): v for k, v in constants.items() if not k.startswith("model.")}
+    hidden, context = model.hidden, POD_INPUTS + CLUSTER_INPUTS
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in named.items():
+            state[name].copy_(torch.from_numpy(np.array(value)).reshape(state[name].shape))
+        for norm, size in (
+            ("node_norm", NODE_INPUTS),
+            ("pod_norm", POD_INPUTS),
+            ("cluster_norm", CLUSTER_INPUTS),
+        ):
+            std = torch.from_numpy(np.array(folded[(size,)], dtype=np.float64))
+            state[f"{norm}.var"].copy_((std**2 - 1e-8).float())
+        state["context_in.weight"].copy_(torch.from_numpy(np.array(folded[(context, hidden)])).t())
+        state["actor_pooled.weight"].copy_(torch.from_numpy(np.array(folded[(hidden, hidden)])).t())
+        state["encoder.1.bias"].copy_(torch.from_numpy(np.array(folded[(1, hidden)])).reshape(hidden))
+        state["actor_out.1.bias"].copy_(torch.from_numpy(np.array(folded[(1, 1)])).reshape(1))
+    model.load_state_dict(state)
