@@ -1,8 +1,10 @@
-# The kdrl service image: `kdrl serve`, the shipped ONNX model, no training stack (no torch).
+# The kdrl service image: `kdrl serve`, the shipped ONNX model, no training stack (no torch)
+# unless built with EXTRAS=train (the closed loop's CronJobs run that one, never the service).
 #
 #   docker build -t kdrl:0.1.0 .                                    # CPU: onnxruntime
 #   docker build -t kdrl:0.1.0-cuda --build-arg RUNTIME=cuda .       # GPU nodes: onnxruntime-gpu
 #   docker build -t kdrl:0.1.0-ray --build-arg EXTRAS=ray .          # knative/ray: plugin, head, workers
+#   docker build -t kdrl:0.1.0-train --build-arg EXTRAS=train .      # knative/closed-loop's CronJobs
 #
 # The CUDA variant starts from NVIDIA's cuDNN runtime image (CUDA 12, what onnxruntime-gpu's
 # PyPI wheels are built against); ONNX Runtime uses the GPU only when its session really runs

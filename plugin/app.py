@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import math
 import socket
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from functools import partial
@@ -57,6 +58,7 @@ from plugin.prewarm_loop import PrewarmLoop
 from plugin.prewarming import Prepuller, RevisionActuator
 from plugin.settings import Settings
 from policies import onnx_policy, registry
+from policies.decision_records import DecisionStore
 from prewarm.planning import Budget, PlannerSettings, plan_json
 
 logger = logging.getLogger(__name__)
@@ -148,6 +150,7 @@ async def create_app(settings: Settings, *, api: ApiClient | None = None) -> web
             web.get("/debug/prewarm", _prewarm_plan),
             web.get("/debug/functions/{namespace}/{service}", _function),
             web.get("/debug/decisions", _decisions),
+            web.get("/debug/decisions/export", _export_decisions),
             web.get("/ui", _ui),
             web.static("/ui/static", UI_FILES),
         ]
@@ -408,6 +411,32 @@ async def _decisions(request: web.Request) -> web.Response:
             "decisions": [decision.as_json(extender.policy) for decision in recent],
         }
     )
+
+
+async def _export_decisions(request: web.Request) -> web.Response:
+    """The recorded decisions of the last `?hours=` (default: all kept), with their outcomes,
+    as a SQLite file: what `kdrl loop` fetches to learn from."""
+    if RECORDER not in request.app:
+        return web.json_response({"Error": "decision recording is off (KDRL_DECISIONS_RECORD)"}, status=404)
+    raw = request.query.get("hours", "")
+    if raw and not raw.replace(".", "", 1).isdigit():
+        raise BadRequest(f"hours={raw!r} is not a non-negative number")
+    recorder = request.app[RECORDER]
+    since = time.time() - float(raw) * 3600.0 if raw else 0.0
+
+    def export() -> bytes:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "decisions.db"
+            store = DecisionStore(request.app[SETTINGS].history.path)
+            try:
+                store.export(path, since=since)
+            finally:
+                store.close()
+            return path.read_bytes()
+
+    await recorder.flush_soon()  # what waits for a flush is in the file too
+    body = await asyncio.to_thread(export)
+    return web.Response(body=body, content_type="application/vnd.sqlite3")
 
 
 async def _ui(request: web.Request) -> web.FileResponse:

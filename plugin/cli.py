@@ -34,6 +34,7 @@ from plugin import (
     kube,
     learning_cli,
     logs,
+    loop_cli,
     objectfiles,
     settings,
     telemetry,
@@ -111,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.set_defaults(run=_simulate)
     learning_cli.add_commands(commands)
+    loop_cli.add_commands(commands)
 
     undo = commands.add_parser(
         "cleanup", help="restore every revision the plugin changed", description=_cleanup.__doc__

@@ -150,23 +150,26 @@ class DecisionRecorder:
             self._trimmed = now
             self.store.trim(now=now, retention_s=self.retention_s, max_rows=self.max_rows)
 
+    async def flush_soon(self) -> None:
+        """Write what waits: the rows made on the loop, one placement at a time with the loop
+        let go in between (a second thread doing it would hold the GIL against every request:
+        Python hands it back to an I/O thread only every switch interval), then written by
+        SQLite in a thread (it lets the GIL go while it works)."""
+        served, outcomes = self._take()
+        rows = []
+        for item in served:
+            made = self._row(item)
+            if made is not None:
+                rows.append(made)
+            await asyncio.sleep(0)
+        await asyncio.to_thread(self._write, rows, outcomes)
+
     async def run(self) -> None:
-        """Each `flush_s`: the rows made on the loop, one placement at a time with the loop let go
-        in between (a second thread doing it would hold the GIL against every request: Python
-        hands it back to an I/O thread only every switch interval), then written by SQLite in a
-        thread (it lets the GIL go while it works)."""
         try:
             while True:
                 await asyncio.sleep(self.flush_s)
-                served, outcomes = self._take()
-                rows = []
-                for item in served:
-                    made = self._row(item)
-                    if made is not None:
-                        rows.append(made)
-                    await asyncio.sleep(0)
                 try:
-                    await asyncio.to_thread(self._write, rows, outcomes)
+                    await self.flush_soon()
                 except Exception:  # a full disk or a locked file: the next flush tries again
                     logger.exception("recording decisions failed")
         finally:

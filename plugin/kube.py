@@ -39,15 +39,16 @@ class ApiCall:
 
 PLUGIN_NAMESPACE = "kdrl-system"  # where the plugin keeps its lease and runs pre-pull pods
 API_CALLS: list[ApiCall] = []
+LOOP_CALLS: list[ApiCall] = []  # `kdrl loop` and `kdrl rollback --configmap`, under their own account
 
 
 def api_call(
-    group: str, resource: str, *verbs: str, namespace: str = ""
+    group: str, resource: str, *verbs: str, namespace: str = "", registry: list[ApiCall] = API_CALLS
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Declare the API request(s) a function makes; see the module docstring."""
 
     def register(fn: Callable[P, R]) -> Callable[P, R]:
-        API_CALLS.append(ApiCall(group=group, resource=resource, verbs=verbs, namespace=namespace))
+        registry.append(ApiCall(group=group, resource=resource, verbs=verbs, namespace=namespace))
         return fn
 
     return register
@@ -307,6 +308,29 @@ async def write_lease(
             namespace, body, _request_timeout=timeout_s
         )
     return await _read(call, f"write lease {namespace}/{name}", ok=(200, 201))
+
+
+@api_call("", "configmaps", "get", namespace=PLUGIN_NAMESPACE, registry=LOOP_CALLS)
+async def get_configmap(api: client.ApiClient, *, namespace: str, name: str, timeout_s: float) -> Obj:
+    core = client.CoreV1Api(api)
+    return await _read(
+        core.read_namespaced_config_map_without_preload_content(name, namespace, _request_timeout=timeout_s),
+        f"get configmap {namespace}/{name}",
+    )
+
+
+@api_call("", "configmaps", "update", namespace=PLUGIN_NAMESPACE, registry=LOOP_CALLS)
+async def replace_configmap(api: client.ApiClient, *, body: Obj, timeout_s: float) -> Obj:
+    """Replace, guarded by the body's resourceVersion (409: changed since it was read)."""
+    meta = body["metadata"]
+    core = client.CoreV1Api(api)
+    raw: Any = body  # sent as the JSON it is (the client serialises dicts as they are)
+    return await _read(
+        core.replace_namespaced_config_map_without_preload_content(
+            meta["name"], meta["namespace"], raw, _request_timeout=timeout_s
+        ),
+        f"replace configmap {meta['namespace']}/{meta['name']}",
+    )
 
 
 @api_call("", "events", "create")

@@ -107,12 +107,6 @@ def add_commands(commands: Any) -> None:
     )
     evaluate.set_defaults(run=_evaluate)
 
-    rollback = commands.add_parser(
-        "rollback", help="restore the model a gate replaced", description=_rollback.__doc__
-    )
-    rollback.add_argument("path", type=Path, help="the shipping path (its .previous file is restored)")
-    rollback.set_defaults(run=_rollback)
-
 
 def _short(value: Any) -> str:
     path = Path(str(value))
@@ -130,7 +124,7 @@ def _train(args: argparse.Namespace) -> int:
     fields = {f.name for f in dataclasses.fields(config.Args)}
     options = config.Args(**{k: v for k, v in vars(args).items() if k in fields})
     if args.from_decisions is not None:
-        return _train_from_decisions(args.from_decisions, args.from_model, options.out, options.seed)
+        return train_from_decisions(args.from_decisions, args.from_model, options.out, options.seed)
     if args.from_model is not None:
         raise SettingsError("--from-model needs --from-decisions (PPO in the simulator starts afresh)")
     if options.total_timesteps < options.batch_size:
@@ -170,7 +164,7 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_from_decisions(database: Path, start: Path | None, out: Path, seed: int) -> int:
+def train_from_decisions(database: Path, start: Path | None, out: Path, seed: int) -> int:
     """Fine-tune from recorded decisions (simulator/learning/offline.py); writes placement.onnx,
     model.pt and report.json to `out`. A database that is missing, corrupt, empty or of another
     feature schema stops here with exit 2."""
@@ -358,22 +352,10 @@ def _gate(args: argparse.Namespace, clusters: list[str], shifted: list[tuple[str
 
 def ship(model: Path, path: Path) -> None:
     """`model` to `path`, the file it replaces kept as `path.previous`."""
-    _swap_in(path, model, keep=".previous")
+    swap_in(path, model, keep=".previous")
 
 
-def _rollback(args: argparse.Namespace) -> int:
-    """Put back the model the last gate replaced (PATH.previous), keeping the one it removes as
-    PATH.rolled-back; a service reloading PATH serves it within KDRL_MODEL_RELOAD_S."""
-    previous = args.path.with_name(args.path.name + ".previous")
-    if not previous.is_file():
-        raise SettingsError(f"{previous}: no previous model to restore")
-    _swap_in(args.path, previous, keep=".rolled-back")
-    digest = onnx_policy.content_hash(args.path.read_bytes())
-    Console(stderr=True).print(f"{args.path} is the previous model again ({digest})")
-    return 0
-
-
-def _swap_in(path: Path, source: Path, *, keep: str) -> None:
+def swap_in(path: Path, source: Path, *, keep: str) -> None:
     """`source` to `path` atomically (a reloading service never reads half a file), `path`'s
     file first copied to `path` + `keep`."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -164,6 +164,26 @@ class DecisionStore:
             )
         return int(deleted)
 
+    def export(self, path: Path | str, *, since: float) -> int:
+        """The decisions from `since` on, with their outcomes, into a new database at `path`
+        (what `kdrl loop` learns from, away from the service); returns the decisions copied."""
+        DecisionStore(path).close()  # the tables, empty
+        self._db.execute("ATTACH DATABASE ? AS export", (str(path),))
+        try:
+            copied = self._db.execute(
+                "INSERT OR REPLACE INTO export.decisions SELECT * FROM main.decisions WHERE at >= ?", (since,)
+            ).rowcount
+            self._db.execute(
+                "INSERT OR REPLACE INTO export.decision_outcomes SELECT o.* FROM main.decision_outcomes o "
+                "JOIN main.decisions d ON d.uid = o.uid WHERE d.at >= ?",
+                (since,),
+            )
+            self._db.commit()
+        finally:
+            self._db.rollback()  # nothing, after a commit; else what the failure left half done
+            self._db.execute("DETACH DATABASE export")
+        return int(copied)
+
     def __len__(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM decisions").fetchone()[0])
 

@@ -38,6 +38,7 @@ LIST_KINDS = {
     "deployments": "DeploymentList",
     "images": "ImageList",
     "events": "EventList",
+    "configmaps": "ConfigMapList",
 }
 
 
@@ -116,6 +117,9 @@ class FakeKube:
         app.router.add_get(
             "/apis/apps/v1/namespaces/{namespace}/deployments/{name}", self._get("deployments")
         )
+        configmaps = "/api/v1/namespaces/{namespace}/configmaps/{name}"
+        app.router.add_get(configmaps, self._get("configmaps"))
+        app.router.add_put(configmaps, self._replace("configmaps"))
         leases = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         app.router.add_get(leases + "/{name}", self._get("leases"))
         app.router.add_post(leases, self._create("leases"))

@@ -5,6 +5,8 @@ And the learner's bad inputs: a decisions database missing, corrupt, empty or of
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import shutil
 from datetime import UTC, datetime, timedelta
@@ -164,3 +166,56 @@ def test_ship_keeps_the_previous_model_and_rollback_needs_one(
     assert cli.main(["rollback", str(path)]) == 0
     assert path.read_bytes() == onnx_policy.DEFAULT_MODEL.read_bytes()
     assert onnx_policy.content_hash((tmp_path / "placement.onnx.rolled-back").read_bytes()) == new
+
+
+async def test_kdrl_loop_fetches_learns_gates_publishes_and_rolls_back_the_configmap(
+    serving: tuple[Any, Path, list[dict[str, Any]]], tmp_path: Path, fake_kube: tuple[Any, str]
+) -> None:
+    client, _, nodes = serving
+    fake, url = fake_kube
+    shipped = onnx_policy.DEFAULT_MODEL.read_bytes()
+    await fake.add(
+        "configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "kdrl-model", "namespace": "kdrl-system"},
+            "binaryData": {"placement.onnx": base64.b64encode(shipped).decode()},
+        },
+    )
+    await serve_a_day(client, nodes)
+    admin = str(client.make_url("")).rstrip("/")
+    argv = ["loop", "--decisions", admin, "--kube-api-url", url, "--work", str(tmp_path / "loop")]
+    argv += ["--cluster", "small", "--seeds", "2", "--functions", "6", "--workers", "2"]
+    assert await asyncio.to_thread(cli.main, argv) == 0  # the admin port answers on this loop
+    outcome = json.loads((tmp_path / "loop" / "loop.json").read_text())
+    stored = fake.objects["configmaps"]["kdrl-system/kdrl-model"]["binaryData"]
+    new = (tmp_path / "loop" / "new" / "placement.onnx").read_bytes()
+    if outcome["gate"]["ship"]:
+        assert outcome["result"].startswith("published")
+        assert base64.b64decode(stored["placement.onnx"]) == new
+        assert base64.b64decode(stored["placement.onnx.previous"]) == shipped
+        rollback = ["rollback", "--configmap", "kdrl-system/kdrl-model", "--kube-api-url", url]
+        assert await asyncio.to_thread(cli.main, rollback) == 0
+        stored = fake.objects["configmaps"]["kdrl-system/kdrl-model"]["binaryData"]
+        assert base64.b64decode(stored["placement.onnx"]) == shipped
+        assert base64.b64decode(stored["placement.onnx.previous"]) == new
+    else:
+        assert outcome["result"].startswith("refused")
+        assert (
+            base64.b64decode(stored["placement.onnx"]) == shipped and "placement.onnx.previous" not in stored
+        )
+
+
+async def test_kdrl_loop_does_nothing_while_slas_hold(
+    serving: tuple[Any, Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    client, _, nodes = serving
+    await serve_a_day(client, nodes)
+    client.app[RECORDER].flush()
+    argv = ["loop", "--decisions", str(tmp_path / "history.db"), "--if-sla-violations-above", "100"]
+    argv += ["--work", str(tmp_path / "loop")]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    outcome = json.loads((tmp_path / "loop" / "loop.json").read_text())
+    assert outcome["result"].startswith("skipped") and 0 < outcome["sla_violation_pct"] < 100
+    assert not (tmp_path / "loop" / "new").exists()

@@ -4,6 +4,7 @@ through `kubectl patch --local` (the documented commands, minus the server)."""
 
 from __future__ import annotations
 
+import base64
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,8 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
-from plugin import settings
+from plugin import kube, settings
 from plugin.extender import extender_scores
+from policies import onnx_policy
 from tests.test_manifests import CUSTOM, KNATIVE, KUBERNETES, find, restricted_violations
 
 KUBECTL = shutil.which("kubectl")
@@ -206,3 +208,48 @@ def test_the_ray_overlay_points_the_plugin_at_its_ray_cluster_on_one_image() -> 
     (rule,) = from_plugin
     assert rule["from"][0]["podSelector"]["matchLabels"].items() <= plugin["metadata"]["labels"].items()
     assert rule["ports"] == [{"port": int(port), "protocol": "TCP"}]
+
+
+@needs_kubectl
+def test_the_closed_loop_overlay_serves_the_model_its_cronjobs_publish() -> None:
+    objects = {
+        (d["kind"], d["metadata"]["name"]): d for d in kubectl("kustomize", str(KNATIVE / "closed-loop"))
+    }
+    config = settings.load({}, objects["ConfigMap", "kdrl-config"]["data"])
+    assert config.policy.name == "onnx" and config.policy.reload_s > 0
+    model = objects["ConfigMap", "kdrl-model"]
+    # Its first content is the shipped model, byte for byte (the copy cannot drift).
+    assert base64.b64decode(model["binaryData"]["placement.onnx"]) == onnx_policy.DEFAULT_MODEL.read_bytes()
+    plugin = objects["StatefulSet", "kdrl"]["spec"]["template"]
+    (volume,) = [v for v in plugin["spec"]["volumes"] if v.get("configMap", {}).get("name") == "kdrl-model"]
+    (mount,) = [m for m in plugin["spec"]["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert config.policy.model == Path(mount["mountPath"]) / "placement.onnx"
+    replicas = objects["StatefulSet", "kdrl"]["spec"]["replicas"]
+    service = objects["StatefulSet", "kdrl"]["spec"]["serviceName"]
+    admin = next(p["containerPort"] for p in plugin["spec"]["containers"][0]["ports"] if p["name"] == "admin")
+    role = objects["Role", "kdrl-loop"]
+    granted = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
+    assert granted == {(c.resource, v) for c in kube.LOOP_CALLS for v in c.verbs}
+    assert all(r["resourceNames"] == ["kdrl-model"] for r in role["rules"])
+    for name in ("kdrl-loop-daily", "kdrl-loop-sla"):
+        template = objects["CronJob", name]["spec"]["jobTemplate"]["spec"]["template"]
+        pod = template["spec"]
+        assert restricted_violations(pod) == [] and pod["serviceAccountName"] == "kdrl-loop"
+        args = dict(a.removeprefix("--").split("=", 1) for a in pod["containers"][0]["args"])
+        # Every replica's decisions: each records what it served.
+        expected = {f"http://kdrl-{i}.{service}.kdrl-system.svc:{admin}" for i in range(replicas)}
+        assert set(args["decisions"].split(",")) == expected
+        assert args["configmap"] == f"{model['metadata']['namespace']}/{model['metadata']['name']}"
+        # The loop's pods reach the admin port (NetworkPolicies add up).
+        policy = objects["NetworkPolicy", "kdrl-loop"]["spec"]
+        assert (
+            policy["ingress"][0]["from"][0]["podSelector"]["matchLabels"].items()
+            <= template["metadata"]["labels"].items()
+        )
+        assert policy["ingress"][0]["ports"] == [{"port": "admin", "protocol": "TCP"}]
+    assert "if-sla-violations-above" in dict(
+        a.removeprefix("--").split("=", 1)
+        for a in objects["CronJob", "kdrl-loop-sla"]["spec"]["jobTemplate"]["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+    )
