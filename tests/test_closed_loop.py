@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import functools
 import json
 import shutil
+import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,13 +24,12 @@ from plugin import app as service
 from plugin import cli, learning_cli
 from plugin.keys import EXTENDER, RECORDER, RELOADER
 from plugin.settings import HistorySettings, KubeSettings, PolicySettings, Settings
-from policies import onnx_policy
+from policies import heuristics, onnx_policy
 from policies.decision_records import DecisionStore
+from simulator import clusterspec, compare, engine, keepalive, traces, workload
 from tests.conftest import write_objects
 from tests.test_decision_records import a_record, place, ready
 from tests.test_model_reload import another_model
-
-PODS = 40
 
 
 def cached(node: dict[str, Any], image: str) -> bool:
@@ -36,7 +38,7 @@ def cached(node: dict[str, Any], image: str) -> bool:
 
 @pytest.fixture
 async def serving(aiohttp_client: Any, tmp_path: Path) -> tuple[Any, Path, list[dict[str, Any]]]:
-    nodes, pods = synthetic.cluster(12, seed=3)
+    nodes, pods = synthetic.cluster(30, seed=3)  # room for a day of pods that never leave
     model = tmp_path / "serving" / "placement.onnx"
     model.parent.mkdir()
     shutil.copy(onnx_policy.DEFAULT_MODEL, model)
@@ -51,36 +53,75 @@ async def serving(aiohttp_client: Any, tmp_path: Path) -> tuple[Any, Path, list[
     return await aiohttp_client(await service.create_app(settings)), model, nodes
 
 
-async def serve_a_day(client: Any, nodes: list[dict[str, Any]]) -> None:
-    """Pods placed through filter, prioritize and bind; each Ready after 1 s, plus 6 s where its
-    image had to be pulled: the outcome a placement decides."""
+@functools.cache
+def simulated_day() -> tuple[tuple[str, str, str], ...]:
+    """The pods a simulated day asks for, in order: 30 functions of the bundled slice on
+    `small`, 24 hours (function, image, priority of each placement the simulator made)."""
+    options = compare.Options(functions=30, weighted=True, seed=1, cluster="small")
+    trace = compare.select(traces.load(compare.BUNDLED_TRACE), options)
+    simulation = engine.Simulation(
+        workload=workload.build(trace, seed=1),
+        counts=trace.counts,
+        cluster=clusterspec.load("small"),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("knative"),
+        seed=1,
+    )
+    pods = []
+    steps = simulation.steps()
+    with contextlib.suppress(StopIteration):
+        decision = next(steps)
+        while True:
+            pod = decision.pod
+            pods.append((pod.function or "", pod.images[0], pod.priority.value))
+            decision = steps.send(engine.best_row(heuristics.kube_default(), decision))
+    return tuple(pods)
+
+
+async def serve_a_day(client: Any, nodes: list[dict[str, Any]]) -> int:
+    """A simulated day's pods placed through filter, prioritize and bind, each Ready after 1 s,
+    plus 6 s where the node lacked its image: the outcome a placement decides. Their functions,
+    images (each function's mapped onto one the synthetic nodes cache) and priorities are the
+    simulator's; their requests are small, since the offline cluster never sees a pod leave.
+    Returns the placements bound."""
     by_name = {n["metadata"]["name"]: n for n in nodes}
     names = list(by_name)
     created = datetime.now(UTC) - timedelta(minutes=5)
-    for i in range(PODS):
-        image = synthetic.image_ref(i % 6)
+    day, bound = simulated_day(), 0
+    for i, (function, image, priority) in enumerate(day):
+        namespace, _, service_name = function.partition("/")
+        mapped = synthetic.image_ref(zlib.crc32(image.encode()) % 120)
         obj = synthetic.knative_pod(
-            f"fn{i % 5}-{i}",
-            service=f"fn{i % 5}",
-            namespace="shop",
+            f"{service_name}-{i}",
+            service=service_name,
+            namespace=namespace,
             uid=f"u{i}",
-            image=image,
-            priority=("critical", "high", "normal")[i % 3],
+            image=mapped,
+            cpu="20m",
+            memory="32Mi",
+            priority=priority,
         )
         obj["metadata"]["creationTimestamp"] = created.isoformat()
         node = await place(client, obj, names)
-        start = 1.0 + (0.0 if cached(by_name[node], image) else 6.0)
+        if node is None:
+            continue
+        bound += 1
+        start = 1.0 + (0.0 if cached(by_name[node], mapped) else 6.0)
         await ready(client, obj, created, bound_after=0.2, ready_after=start)
+    return bound
 
 
 async def test_record_learn_gate_reload_and_roll_back(
     serving: tuple[Any, Path, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     client, model, nodes = serving
-    await serve_a_day(client, nodes)
-    assert client.app[RECORDER].flush() == PODS
+    pods = await serve_a_day(client, nodes)
+    assert pods > 500  # a day's placements
+    client.app[RECORDER].flush()  # what waits beyond the last periodic flush
     database = tmp_path / "history.db"
-    store = DecisionStore(database)  # two rows the learner must skip, never train on
+    store = DecisionStore(database)
+    assert len(store) == pods  # every bound placement, once
+    # Two rows the learner must skip, never train on.
     unknown = a_record("bad-node", 1.0)
     broken = a_record("nan", 2.0)
     broken.observation.nodes[0, 0] = np.nan
@@ -94,7 +135,7 @@ async def test_record_learn_gate_reload_and_roll_back(
         == 0
     )
     report = json.loads((new / "report.json").read_text())
-    assert report["used"] == PODS and report["with_probabilities"] == PODS
+    assert report["used"] == pods and report["with_probabilities"] == pods
     assert report["skipped"] == {"unknown node": 1, "features not finite": 1}
     assert report["kl_to_start"] > 0  # it moved, and (the KL term) not far
     candidate = new / "placement.onnx"
