@@ -21,7 +21,7 @@ import pytest
 
 from bench import synthetic
 from plugin import app as service
-from plugin import cli, learning_cli
+from plugin import cli, learning_cli, loop_cli
 from plugin.keys import EXTENDER, RECORDER, RELOADER
 from plugin.settings import HistorySettings, KubeSettings, PolicySettings, Settings
 from policies import heuristics, onnx_policy
@@ -258,5 +258,15 @@ async def test_kdrl_loop_does_nothing_while_slas_hold(
     argv += ["--work", str(tmp_path / "loop")]
     assert await asyncio.to_thread(cli.main, argv) == 0
     outcome = json.loads((tmp_path / "loop" / "loop.json").read_text())
-    assert outcome["result"].startswith("skipped") and 0 < outcome["sla_violation_pct"] < 100
+    assert outcome["result"].startswith("skipped") and 0 <= outcome["sla_violation_pct"] <= 100
     assert not (tmp_path / "loop" / "new").exists()
+
+
+def test_the_sla_trigger_counts_the_recorded_pods_that_missed_their_class_target(tmp_path: Path) -> None:
+    store = DecisionStore(tmp_path / "h.db")  # high priority: a 2 s target
+    store.write([a_record(f"p{i}", at=1000.0 + i) for i in range(4)] + [a_record("old", at=10.0)])
+    store.observe([("p0", 0.0, 1.5, None, None), ("p1", 0.0, 3.0, None, None), ("p2", 0.0, 2.0, None, None)])
+    store.observe([("old", 0.0, 9.0, None, None)])  # before `since`: not counted; p3: never Ready
+    store.close()
+    assert loop_cli.sla_violation_pct(tmp_path / "h.db", since=500.0) == pytest.approx(100 / 3, abs=1e-3)
+    assert loop_cli.sla_violation_pct(tmp_path / "h.db", since=5000.0) is None
