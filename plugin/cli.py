@@ -17,6 +17,7 @@ import signal
 import ssl
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -137,14 +138,13 @@ def _cleanup(args: argparse.Namespace) -> int:
     flags = {"KDRL_KUBE_API_URL": args.kube_api_url, "KDRL_KUBECONFIG": args.kubeconfig}
     connection = settings.load(flags, os.environ).kube  # the same settings `kdrl serve` connects with
 
-    async def run() -> cleanup.CleanupReport:
-        api = await kube.connect(api_url=connection.api_url, kubeconfig=connection.kubeconfig)
-        try:
-            return await cleanup.cleanup(api, timeout_s=args.timeout_s, namespace=args.namespace)
-        finally:
-            await api.close()
-
-    report = asyncio.run(run())
+    report = asyncio.run(
+        kube.using(
+            partial(cleanup.cleanup, timeout_s=args.timeout_s, namespace=args.namespace),
+            api_url=connection.api_url,
+            kubeconfig=connection.kubeconfig,
+        )
+    )
     print(json.dumps(dataclasses.asdict(report), indent=2))
     return 0
 

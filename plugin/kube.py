@@ -77,6 +77,17 @@ async def connect(*, api_url: str | None, kubeconfig: Path | None) -> client.Api
 
 
 @api_call("", "nodes", "list", "watch")
+async def using(
+    call: Callable[[client.ApiClient], Awaitable[R]], *, api_url: str | None, kubeconfig: Path | None
+) -> R:
+    """`call` with a client of its own, closed after it (the one-shot commands' way in)."""
+    api = await connect(api_url=api_url, kubeconfig=kubeconfig)
+    try:
+        return await call(api)
+    finally:
+        await api.close()
+
+
 def nodes(api: client.ApiClient) -> Collection:
     return Collection("nodes", client.CoreV1Api(api).list_node)
 

@@ -182,14 +182,7 @@ def _kube(args: argparse.Namespace, call: Any) -> Any:
     flags = {"KDRL_KUBE_API_URL": args.kube_api_url, "KDRL_KUBECONFIG": args.kubeconfig}
     connection = settings.load(flags, os.environ).kube
 
-    async def run() -> Any:
-        api = await kube.connect(api_url=connection.api_url, kubeconfig=connection.kubeconfig)
-        try:
-            return await call(api)
-        finally:
-            await api.close()
-
     try:
-        return asyncio.run(run())
+        return asyncio.run(kube.using(call, api_url=connection.api_url, kubeconfig=connection.kubeconfig))
     except KubeApiError as error:
         raise SettingsError(f"the model's ConfigMap {args.configmap}: {error}") from error

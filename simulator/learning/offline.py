@@ -150,7 +150,8 @@ def fine_tune(model: ActorCritic, data: Usable, args: OfflineArgs = OfflineArgs(
         losses.append(total / len(order))
     with torch.no_grad():
         nodes, mask, pod, cluster, *_ = _batch(data.records)
-        kl = float(_kl(start, model, nodes, mask, pod, cluster).mean())
+        inputs = (nodes, mask, pod, cluster)
+        kl = float(_kl(start, _log_policy(model, *inputs), *inputs).mean())
     return Report(
         used=len(data.records),
         skipped=dict(data.skipped),
@@ -167,10 +168,10 @@ def _log_policy(
     return torch.log_softmax(logits, dim=-1)
 
 
-def _kl(start: ActorCritic, model: ActorCritic, *inputs: torch.Tensor) -> torch.Tensor:
+def _kl(start: ActorCritic, after: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """KL(start || current) per state, `after` the current policy's log-probabilities there."""
     with torch.no_grad():
         before = _log_policy(start, *inputs)
-    after = _log_policy(model, *inputs)
     mask = inputs[1]
     terms = torch.where(mask, before.exp() * (before - after), torch.zeros_like(after))
     return terms.sum(-1)
@@ -197,5 +198,5 @@ def _loss(
     weight = torch.clamp(torch.exp(advantage / args.awr_beta), max=args.awr_max_weight)
     awr = -weight * taken
     policy_loss = torch.where(has, ppo, awr).mean()
-    kl = _kl(start, model, nodes, mask, pod, cluster).mean()
+    kl = _kl(start, log_policy, nodes, mask, pod, cluster).mean()  # the same forward pass
     return policy_loss + args.kl_coef * kl
