@@ -20,6 +20,7 @@ from rich.table import Table
 
 from plugin.errors import SettingsError
 from policies import heuristics, onnx_policy
+from policies.residual import ResidualBase
 from simulator import clusterspec, compare, evaluation, plots, traces
 from simulator.learning import config
 
@@ -134,6 +135,16 @@ def _train(args: argparse.Namespace) -> int:
             heuristics.by_name(options.imitate)  # unknown, or tuned weights unreadable
         except (KeyError, ValueError) as error:
             raise SettingsError("--imitate: " + str(error).strip("'\"")) from error
+    if options.residual:
+        try:
+            ResidualBase.of(options.residual, options.residual_scale)
+        except (KeyError, ValueError) as error:
+            reason = error.args[0] if isinstance(error, KeyError) else str(error)  # KeyError quotes its str
+            raise SettingsError(f"--residual: {reason}") from error
+    if not 0.0 < options.fewest_functions_per_node <= 4.5:
+        raise SettingsError(
+            f"--fewest-functions-per-node must be in (0, 4.5], not {options.fewest_functions_per_node}"
+        )
     environments = _environments(options, args.ray_address, args.workers)
     console = Console(stderr=True)
     updates = max(options.total_timesteps // options.batch_size, 1)
@@ -187,16 +198,16 @@ def train_from_decisions(database: Path, start: Path | None, out: Path, seed: in
     if not records:
         why = "of another feature schema" if skipped["another feature schema"] else "none recorded"
         raise SettingsError(f"{database}: no decisions to learn from ({why}; skipped: {dict(skipped)})")
-    data = offline.usable(records, skipped)
-    if not data.records:
-        raise SettingsError(f"{database}: no usable decisions (skipped: {dict(data.skipped)})")
     source = start or onnx_policy.DEFAULT_MODEL
     try:
-        model = export.load(source)
+        model, base = export.load(source), export.load_base(source)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise SettingsError(f"--from-model {source}: cannot load it ({error})") from error
+    data = offline.usable(records, skipped, residual=base is not None)
+    if not data.records:
+        raise SettingsError(f"{database}: no usable decisions (skipped: {dict(data.skipped)})")
     arguments = offline.OfflineArgs(seed=seed)
-    report = offline.fine_tune(model, data, arguments)
+    report = offline.fine_tune(model, data, arguments, residual=base is not None)
     out.mkdir(parents=True, exist_ok=True)
     config_record = {
         "from_decisions": database.name,
@@ -204,8 +215,9 @@ def train_from_decisions(database: Path, start: Path | None, out: Path, seed: in
         **dataclasses.asdict(arguments),
     }
     config_record["hidden"] = model.hidden
-    torch.save({"model": model.state_dict(), "args": config_record}, out / "model.pt")
-    export.export(model, out / "placement.onnx", config_record)
+    checkpoint = {"model": model.state_dict(), "args": config_record, "base": base.to_json() if base else ""}
+    torch.save(checkpoint, out / "model.pt")
+    export.export(model, out / "placement.onnx", config_record, base)
     (out / "report.json").write_text(json.dumps(dataclasses.asdict(report), indent=1) + "\n")
     Console(stderr=True).print(
         f"fine-tuned on {report.used} decisions ({report.with_probabilities} with the serving policy's "

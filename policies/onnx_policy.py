@@ -4,7 +4,8 @@
 is missing, corrupt, built for another feature schema or fails a probe inference (inputs or
 outputs that do not match), `kube-default` in its place with the reason (`degraded`), so the
 extender keeps serving and says why in `/readyz` and its spans. A request the model fails on
-later is scored by kube-default, that request only.
+later is scored by kube-default, that request only. A residual model (`policies/residual.py`)
+names its heuristic base in its metadata; its logits are the graph's plus the base's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import onnxruntime as ort
 
 from policies import features, heuristics
 from policies.placement import PlacementPolicy
+from policies.residual import META_BASE, ResidualBase
 from policies.types import FloatArray, Node, NodeTable, PodRequest
 
 log = logging.getLogger(__name__)
@@ -42,8 +44,11 @@ class OnnxPolicy:
 
     name = "onnx"
 
-    def __init__(self, session: ort.InferenceSession, metadata: dict[str, str]) -> None:
+    def __init__(
+        self, session: ort.InferenceSession, metadata: dict[str, str], base: ResidualBase | None = None
+    ) -> None:
         self.session, self.metadata = session, metadata
+        self.base = base  # a residual model's heuristic: its logits are added to the graph's
         self.provider: str = session.get_providers()[0]
         self._stand_in = heuristics.kube_default()  # for a request the model fails on
         self.failures = 0  # requests scored by the stand-in
@@ -85,7 +90,13 @@ class OnnxPolicy:
         outputs = tuple(o.name for o in session.get_outputs())
         if OUTPUT not in outputs:
             raise ModelError(f"{path}: outputs {outputs}, expected {OUTPUT!r}")
-        policy = cls(session, metadata)
+        base = None
+        if META_BASE in metadata:
+            try:
+                base = ResidualBase.from_json(metadata[META_BASE])
+            except ValueError as error:
+                raise ModelError(f"{path}: {error}") from error
+        policy = cls(session, metadata, base)
         policy.model_hash = content_hash(data)
         policy.probe(path)
         if CUDA in wanted and policy.provider != CUDA:
@@ -128,7 +139,11 @@ class OnnxPolicy:
         (logits,) = self.session.run(
             [OUTPUT], {"nodes": observation.nodes, "pod": observation.pod, "cluster": observation.cluster}
         )
-        return np.asarray(logits, dtype=np.float64)
+        if self.base is None:
+            return np.asarray(logits, dtype=np.float64)
+        # float32 as in training, where the base travels in float32 tensors
+        base = self.base.logits(pod, nodes).astype(np.float32)
+        return np.asarray(np.asarray(logits, dtype=np.float32) + base, dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True)

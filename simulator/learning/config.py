@@ -22,6 +22,7 @@ class Args:
     learning_rate: float = 1e-3  # a small network; 3e-4 moved the policy too slowly
     anneal_lr: bool = True  # linear decay to 0, as cleanrl
     gamma: float = 0.995  # per decision; about 20 decisions a minute on a medium cluster
+    gamma_per_second: float = 0.0  # > 0: discount per simulated second instead (packing pays minutes later)
     gae_lambda: float = 0.95
     num_minibatches: int = 8
     update_epochs: int = 4
@@ -35,9 +36,13 @@ class Args:
     imitate: str = ""  # a heuristic (e.g. tuned) whose choices the actor first learns to copy
     imitate_timesteps: int = 100_000  # placements chosen by that heuristic, before PPO takes over
     imitate_coef: float = 0.0  # after that, weight of the teacher's log-likelihood in PPO's loss
+    residual: str = ""  # a weighted heuristic (e.g. tuned) the actor's logits are a residual on
+    residual_scale: float = 2.0  # its standardised scores in logits: its best node ~e^2-e^4 likelier
+    critic_sees_future: bool = False  # the critic reads the episode's coming arrivals (training only)
     shape_reward: bool = False  # potential-based shaping for node release (not in the shipped model)
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 45
+    fewest_functions_per_node: float = 2.0  # the sparsest episodes' functions per node (most: 4.5)
     largest_cluster: int = 48  # the curriculum's largest initial cluster (Curriculum.up_to)
     device: str = "auto"  # auto: CUDA when present
     export_onnx: bool = True

@@ -23,6 +23,7 @@ from gymnasium import spaces
 
 from policies import features
 from policies.objectives import ObjectiveWeights
+from policies.residual import ResidualBase
 from simulator import engine, keepalive, traces, workload
 from simulator.clusterspec import ClusterSpec, Pool
 from simulator.engine import Decision, RunResult, Simulation
@@ -33,6 +34,9 @@ from simulator.nodes import SCALE_DOWN_UNNEEDED_S
 # pull (~10 s) weighs like a minute of the whole cluster's cost.
 QOS_SCALE = 6.0
 REWARD_SCALE_S = 60.0  # rewards in units of one minute of the reference
+# What the critic may know of the episode's future (training only; the actor never sees it):
+# the arrivals ahead drive the return far more than any placement does.
+FUTURE_FEATURES = ("left_share", "next_1_min_log", "next_5_min_log", "next_15_min_log", "active_5_min_share")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +65,16 @@ class Curriculum:
     """Cluster sizes grow by stage; node mixes are drawn from the bundled pool shapes."""
 
     stages: tuple[tuple[int, int], ...] = ((6, 16), (12, 32), (20, 48))  # (min, max) initial nodes
+    # Drawn log-uniformly: 0.34 a node is `large` (338 functions on 1,000 nodes), 4 `small`.
     functions_per_node: tuple[float, float] = (2.0, 4.5)
     minutes: int = 45
 
     @classmethod
-    def up_to(cls, largest: int, minutes: int = 45) -> Curriculum:
+    def up_to(cls, largest: int, minutes: int = 45, fewest_per_node: float = 2.0) -> Curriculum:
         """Three stages ending at `largest` initial nodes (48 gives the default's)."""
         n = largest
         stages = ((n // 8, n // 3), (n // 4, 2 * n // 3), (5 * n // 12, n))
-        return cls(stages=stages, minutes=minutes)
+        return cls(stages=stages, functions_per_node=(fewest_per_node, 4.5), minutes=minutes)
 
     def stage(self, progress: float) -> tuple[int, int]:
         index = min(int(progress * len(self.stages)), len(self.stages) - 1)
@@ -90,7 +95,7 @@ class Scenarios:
         low, high = self.curriculum.stage(self.progress)
         nodes = int(rng.integers(low, high + 1))
         cluster = random_cluster(self.shapes, nodes, rng)
-        per_node = rng.uniform(*self.curriculum.functions_per_node)
+        per_node = float(np.exp(rng.uniform(*np.log(self.curriculum.functions_per_node))))
         count = int(min(len(self.trace), max(4, round(nodes * per_node))))
         rows = np.sort(rng.choice(len(self.trace), size=count, replace=False))
         start = int(rng.integers(self.minutes[0], self.minutes[1] - self.curriculum.minutes + 1))
@@ -131,12 +136,27 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         max_rows: int,
         weights: ObjectiveWeights | None = None,
         shaping_gamma: float | None = None,
+        base: ResidualBase | None = None,
+        future: bool = False,
+        clock: bool = False,
     ) -> None:
+        """`base`: a residual policy's heuristic, whose logits the observation carries.
+        `future`: the observation carries `future_features` of the episode's arrivals, for the
+        critic (an input-dependent baseline, Mao et al. 2019). `clock`: it carries the
+        decision's simulated time, for a discount per second rather than per decision."""
         self.draw, self.rows, self.weights = draw, max_rows, weights or ObjectiveWeights()
         self.shaping_gamma = shaping_gamma  # the learner's discount when the reward is shaped
+        self.base, self.future, self.clock = base, future, clock
+        self._counts: np.ndarray = np.zeros((0, 0), dtype=np.int64)
         box = spaces.Box(-np.inf, np.inf, dtype=np.float32, shape=(max_rows, len(features.NODE_FEATURES)))
+        extra = {"base": spaces.Box(-np.inf, np.inf, dtype=np.float32, shape=(max_rows,))} if base else {}
+        if future:
+            extra["future"] = spaces.Box(-np.inf, np.inf, dtype=np.float32, shape=(len(FUTURE_FEATURES),))
+        if clock:
+            extra["clock"] = spaces.Box(0.0, np.inf, dtype=np.float32, shape=(1,))
         self.observation_space = spaces.Dict(  # type: ignore[assignment]
             {
+                **extra,
                 "nodes": box,
                 "mask": spaces.MultiBinary(max_rows),
                 "pod": spaces.Box(-np.inf, np.inf, dtype=np.float32, shape=(len(features.POD_FEATURES),)),
@@ -157,8 +177,14 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         while True:  # a scenario whose window needs no placement at all is skipped
             scenario = self.draw(self.np_random)
             simulation = scenario.simulation()
+            self._counts = scenario.trace.counts
             self._steps = simulation.steps()
-            self._reward = RewardMeter(simulation, self.weights, self.shaping_gamma)
+            self._reward = RewardMeter(
+                simulation,
+                self.weights,
+                self.shaping_gamma,
+                per_second=self.clock,
+            )
             try:
                 self._decision = next(self._steps)
             except StopIteration:
@@ -186,13 +212,33 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         return self._decision
 
     def _observe(self, decision: Decision) -> dict[str, np.ndarray]:
-        return pad(
+        observation = pad(
             features.encode(decision.pod, decision.nodes, decision.feasible), decision.feasible, self.rows
         )
+        if self.base is not None:
+            logits = self.base.logits(decision.pod, decision.nodes, decision.feasible)
+            size = min(logits.size, self.rows)
+            observation["base"] = np.zeros(self.rows, dtype=np.float32)
+            observation["base"][:size] = logits[:size]
+        if self.future:
+            observation["future"] = future_features(self._counts, decision.now)
+        if self.clock:
+            observation["clock"] = np.array([decision.now], dtype=np.float32)
+        return observation
 
     def _blank(self) -> dict[str, np.ndarray]:
         sample: dict[str, np.ndarray] = self.observation_space.sample()
         return {key: np.zeros_like(value) for key, value in sample.items()}
+
+
+def future_features(counts: np.ndarray, now: float) -> np.ndarray:
+    """FUTURE_FEATURES of a window's per-minute counts [functions, minutes] at `now` seconds."""
+    functions, minutes = counts.shape
+    minute = min(int(now // 60.0), minutes)
+    ahead = [float(counts[:, minute : minute + n].sum()) / max(functions, 1) for n in (1, 5, 15)]
+    active = float((counts[:, minute : minute + 5].sum(axis=1) > 0).mean()) if functions else 0.0
+    left = max(minutes * 60.0 - now, 0.0) / max(minutes * 60.0, 1.0)
+    return np.array([left, *np.log1p(ahead), active], dtype=np.float32)
 
 
 def pad(observation: features.Observation, feasible: np.ndarray, rows: int) -> dict[str, np.ndarray]:
@@ -222,8 +268,17 @@ class RewardMeter:
     each node weighted by how likely it is to keep a pod that long.
     """
 
-    def __init__(self, simulation: Simulation, weights: ObjectiveWeights, gamma: float | None = None) -> None:
-        """`gamma`: the learner's discount, to add the shaping term; None: no shaping."""
+    def __init__(
+        self,
+        simulation: Simulation,
+        weights: ObjectiveWeights,
+        gamma: float | None = None,
+        *,
+        per_second: bool = False,
+    ) -> None:
+        """`gamma`: the learner's discount, to add the shaping term; None: no shaping.
+        `per_second`: `gamma` discounts a second of simulated time, not a decision."""
+        self.per_second = per_second
         spec = simulation.nodes.spec
         self.nodes, self.gamma = simulation.nodes, gamma
         self.result, self.weights = simulation.result, weights
@@ -270,4 +325,5 @@ class RewardMeter:
             + w.other * energy / max(self.watts, 1e-9)
         )
         before, self.potential = self.potential, self._potential()
-        return -loss / REWARD_SCALE_S + (self.gamma or 0.0) * self.potential - before
+        discount = float((self.gamma or 0.0) ** (elapsed if self.per_second else 1.0))
+        return -loss / REWARD_SCALE_S + discount * self.potential - before

@@ -21,6 +21,8 @@ import onnxruntime as ort
 import torch
 
 from policies import features, onnx_policy
+from policies.residual import META_BASE, ResidualBase
+from simulator.learning.environment import FUTURE_FEATURES
 from simulator.learning.network import CLUSTER_INPUTS, NODE_INPUTS, POD_INPUTS, ActorCritic, Scorer
 
 PARITY_TOLERANCE = 1e-5
@@ -30,8 +32,11 @@ class ExportError(RuntimeError):
     """The exported graph does not compute what the torch model computes."""
 
 
-def export(model: ActorCritic, path: Path, config: Mapping[str, Any]) -> float:
-    """Write `path`; returns the max abs difference between torch and ONNX Runtime (CPU)."""
+def export(
+    model: ActorCritic, path: Path, config: Mapping[str, Any], base: ResidualBase | None = None
+) -> float:
+    """Write `path`; returns the max abs difference between torch and ONNX Runtime (CPU).
+    `base`: a residual model's heuristic, recorded in the metadata for whoever serves it."""
     scorer = Scorer(model.cpu()).eval()
     nodes, pod, cluster = parity_batch(17)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,6 +53,8 @@ def export(model: ActorCritic, path: Path, config: Mapping[str, Any]) -> float:
         "kdrl.commit": _commit(),
         "kdrl.hidden": str(model.hidden),
     }
+    if base is not None:
+        metadata[META_BASE] = base.to_json()
     onnx.helper.set_model_props(graph, metadata)
     onnx.save(graph, str(path))
     worst = 0.0
@@ -100,6 +107,15 @@ def _commit() -> str:
     return found.stdout.strip() or "unknown"
 
 
+def load_base(path: Path) -> ResidualBase | None:
+    """The residual base a model file (ONNX or checkpoint) carries; None for a plain model."""
+    if path.suffix == ".pt":
+        text = torch.load(path, map_location="cpu", weights_only=False).get("base")
+    else:
+        text = {p.key: p.value for p in onnx.load(str(path)).metadata_props}.get(META_BASE)
+    return ResidualBase.from_json(text) if text else None
+
+
 def load(path: Path) -> ActorCritic:
     """The actor of a model file: a checkpoint (`model.pt`, as `kdrl train` writes it) or an
     exported ONNX file (the serving model), rebuilt from the graph's constants and refused
@@ -107,7 +123,9 @@ def load(path: Path) -> ActorCritic:
     not in it: it comes back freshly initialised."""
     if path.suffix == ".pt":
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-        model = ActorCritic(int(checkpoint["args"]["hidden"]))
+        settings = checkpoint["args"]
+        future = len(FUTURE_FEATURES) if settings.get("critic_sees_future") else 0
+        model = ActorCritic(int(settings["hidden"]), future=future)
         model.load_state_dict(checkpoint["model"])
         return model
     graph = onnx.load(str(path))

@@ -6,6 +6,9 @@ its embedding and the context (one logit per node, softmax over the feasible one
 reads the context alone. Nothing depends on the number of nodes or their order, so one model
 serves 1 to 10,000 nodes. Feature normalisation (running mean and variance gathered during
 training) is part of the module, and so of the exported graph.
+
+A residual policy (`policies/residual.py`) adds a heuristic's logits, given as `base`, to the
+actor's; its last layer starts at zero, so before training it is that heuristic.
 """
 
 from __future__ import annotations
@@ -66,9 +69,10 @@ class ActorCritic(nn.Module):
     the shared part is computed once per pod, not once per node: the per-node cost (what
     grows with the cluster) is three H x H products and a few small ones."""
 
-    def __init__(self, hidden: int = 32) -> None:
+    def __init__(self, hidden: int = 32, *, residual: bool = False, future: int = 0) -> None:
+        """`future`: inputs only the critic reads (what is known of the episode's arrivals)."""
         super().__init__()
-        self.hidden = hidden
+        self.hidden, self.future = hidden, future
         self.node_norm = RunningNorm(NODE_INPUTS)
         self.pod_norm = RunningNorm(POD_INPUTS)
         self.cluster_norm = RunningNorm(CLUSTER_INPUTS)
@@ -78,9 +82,10 @@ class ActorCritic(nn.Module):
         self.encoder = nn.Sequential(nn.Tanh(), _linear(hidden, hidden), nn.Tanh())
         self.actor_node = _linear(hidden, hidden)
         self.actor_pooled = _linear(hidden, hidden, bias=False)
-        self.actor_out = nn.Sequential(nn.Tanh(), _linear(hidden, 1, gain=0.01))
+        # Residual: exactly zero at the start (the policy is its base); else small, as cleanrl.
+        self.actor_out = nn.Sequential(nn.Tanh(), _linear(hidden, 1, gain=0.0 if residual else 0.01))
         self.critic = nn.Sequential(
-            _linear(hidden + context, hidden),
+            _linear(hidden + context + future, hidden),
             nn.Tanh(),
             _linear(hidden, hidden),
             nn.Tanh(),
@@ -88,10 +93,18 @@ class ActorCritic(nn.Module):
         )
 
     def forward(
-        self, nodes: Tensor, mask: Tensor | None, pod: Tensor, cluster: Tensor
+        self,
+        nodes: Tensor,
+        mask: Tensor | None,
+        pod: Tensor,
+        cluster: Tensor,
+        base: Tensor | None = None,
+        future: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """nodes [B, N, F], mask [B, N] (bool; None: every row is a candidate), pod [B, P],
-        cluster [B, C] -> (logits [B, N], MASKED where masked; value [B])."""
+        cluster [B, C], base [B, N] (a residual policy's heuristic logits), future [B, `future`]
+        (the critic's alone; zeros when not given) -> (logits [B, N], MASKED where masked;
+        value [B])."""
         context = torch.cat([self.pod_norm(pod), self.cluster_norm(cluster)], dim=-1)
         embedded = self.encoder(self.node_in(self.node_norm(nodes)) + self.context_in(context).unsqueeze(1))
         if mask is None:
@@ -101,9 +114,14 @@ class ActorCritic(nn.Module):
             pooled = (embedded * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # [B, H]
         scores = self.actor_node(embedded) + self.actor_pooled(pooled).unsqueeze(1)
         logits = self.actor_out(scores).squeeze(-1)
+        if base is not None:
+            logits = logits + base
         if mask is not None:
             logits = logits.masked_fill(~mask, MASKED)
-        value = self.critic(torch.cat([pooled, context], dim=-1)).squeeze(-1)
+        seen = [pooled, context]
+        if self.future:
+            seen.append(future if future is not None else context.new_zeros(context.shape[0], self.future))
+        value = self.critic(torch.cat(seen, dim=-1)).squeeze(-1)
         return logits, value
 
     def update_norms(self, nodes: Tensor, mask: Tensor, pod: Tensor, cluster: Tensor) -> None:
@@ -113,7 +131,8 @@ class ActorCritic(nn.Module):
 
 
 class Scorer(nn.Module):
-    """What is exported: one pod, its candidate nodes (all feasible) -> one logit per node.
+    """What is exported: one pod, its candidate nodes (all feasible) -> one logit per node
+    (a residual policy's residual: its base is added where the model is served).
 
     The same function as `ActorCritic.forward` with no mask, written on 2-D tensors so that
     ONNX gets fused `Gemm`s, with everything that depends only on the pod or the pooled

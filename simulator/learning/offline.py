@@ -23,6 +23,7 @@ was never seen Ready are skipped and counted, never trained on.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,12 +56,17 @@ class Usable:
     skipped: Counter[str] = field(default_factory=Counter)
 
 
-def usable(records: Sequence[Record], skipped: Counter[str] | None = None) -> Usable:
+def usable(
+    records: Sequence[Record], skipped: Counter[str] | None = None, *, residual: bool = False
+) -> Usable:
+    """`residual`: for a residual model, which needs the served probabilities (`_batch`)."""
     out = Usable(skipped=Counter(skipped or {}))
     for record in records:
         o = record.observation
         if not 0 <= record.chosen < len(record.names) or not record.mask[record.chosen]:
             out.skipped["unknown node"] += 1
+        elif residual and record.probabilities is None:
+            out.skipped["no served probabilities (a residual model needs them)"] += 1
         elif not all(np.isfinite(a).all() for a in (o.nodes, o.pod, o.cluster)):
             out.skipped["features not finite"] += 1
         elif record.start_s is None or not np.isfinite(record.start_s):
@@ -95,21 +101,40 @@ def advantages(records: Sequence[Record]) -> np.ndarray:
     return scaled
 
 
-def _batch(records: Sequence[Record]) -> tuple[torch.Tensor, ...]:
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def _batch(
+    records: Sequence[Record], start: ActorCritic | None = None
+) -> tuple[Inputs, torch.Tensor, torch.Tensor]:
+    """(nodes, mask, pod, cluster, base), the chosen rows, the logged probability of each.
+
+    `start`: the residual model that served. Its base (the heuristic's logits) is not in the
+    record, but the served logits are, up to a constant, as the logged log-probabilities; less
+    the start's own residual, they are the base (a constant per row changes no softmax)."""
     rows = max(len(r.names) for r in records)
     width = records[0].observation.nodes.shape[1]
     nodes = np.zeros((len(records), rows, width), dtype=np.float32)
     mask = np.zeros((len(records), rows), dtype=bool)
+    served = np.zeros((len(records), rows), dtype=np.float32)
     for i, r in enumerate(records):
         nodes[i, : len(r.names)] = r.observation.nodes
         mask[i, : len(r.names)] = r.mask
+        if r.probabilities is not None:
+            served[i, : len(r.names)] = np.log(np.maximum(r.probabilities, 1e-30))
     pod = np.stack([r.observation.pod for r in records]).astype(np.float32)
     cluster = np.stack([r.observation.cluster for r in records]).astype(np.float32)
     chosen = np.array([r.chosen for r in records])
     logged = np.array(
         [np.nan if r.probabilities is None else float(r.probabilities[r.chosen]) for r in records]
     )
-    return tuple(torch.as_tensor(a) for a in (nodes, mask, pod, cluster, chosen, logged))
+    n, m, p, c = (torch.as_tensor(a) for a in (nodes, mask, pod, cluster))
+    base = None
+    if start is not None:
+        with torch.no_grad():
+            residual, _ = start(n, m, p, c)
+        base = torch.where(m, torch.as_tensor(served) - residual, torch.zeros_like(residual))
+    return (n, m, p, c, base), torch.as_tensor(chosen), torch.as_tensor(logged)
 
 
 @dataclass(frozen=True)
@@ -121,16 +146,21 @@ class Report:
     losses: list[float]
 
 
-def fine_tune(model: ActorCritic, data: Usable, args: OfflineArgs = OfflineArgs()) -> Report:
-    """Fine-tune `model`'s actor in place on `data` (see the module docstring)."""
+def fine_tune(
+    model: ActorCritic, data: Usable, args: OfflineArgs = OfflineArgs(), *, residual: bool = False
+) -> Report:
+    """Fine-tune `model`'s actor in place on `data` (see the module docstring). `residual`: the
+    model is a residual policy's, and every record has the probabilities it served with."""
     if not data.records:
         raise ValueError("no usable decisions to learn from")
+    if residual and any(r.probabilities is None for r in data.records):
+        raise ValueError("a residual model learns only from records with its probabilities")
     torch.manual_seed(args.seed)
     generator = np.random.default_rng(args.seed)
-    start = ActorCritic(model.hidden)
-    start.load_state_dict(model.state_dict())
+    start = copy.deepcopy(model)
     start.eval()
     model.train()
+    served_by = start if residual else None
     optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate)
     advantage = torch.as_tensor(advantages(data.records), dtype=torch.float32)
     losses: list[float] = []
@@ -140,8 +170,8 @@ def fine_tune(model: ActorCritic, data: Usable, args: OfflineArgs = OfflineArgs(
         total = 0.0
         for first in range(0, len(order), args.batch):
             rows = order[first : first + args.batch]
-            nodes, mask, pod, cluster, chosen, logged = _batch([data.records[i] for i in rows])
-            loss = _loss(model, start, args, nodes, mask, pod, cluster, chosen, logged, advantage[rows])
+            inputs, chosen, logged = _batch([data.records[i] for i in rows], served_by)
+            loss = _loss(model, start, args, inputs, chosen, logged, advantage[rows])
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
@@ -149,9 +179,8 @@ def fine_tune(model: ActorCritic, data: Usable, args: OfflineArgs = OfflineArgs(
             total += float(loss.detach()) * len(rows)
         losses.append(total / len(order))
     with torch.no_grad():
-        nodes, mask, pod, cluster, *_ = _batch(data.records)
-        inputs = (nodes, mask, pod, cluster)
-        kl = float(_kl(start, _log_policy(model, *inputs), *inputs).mean())
+        inputs, _, _ = _batch(data.records, served_by)
+        kl = float(_kl(start, _log_policy(model, inputs), inputs).mean())
     return Report(
         used=len(data.records),
         skipped=dict(data.skipped),
@@ -161,17 +190,15 @@ def fine_tune(model: ActorCritic, data: Usable, args: OfflineArgs = OfflineArgs(
     )
 
 
-def _log_policy(
-    model: ActorCritic, nodes: torch.Tensor, mask: torch.Tensor, pod: torch.Tensor, cluster: torch.Tensor
-) -> torch.Tensor:
-    logits, _ = model(nodes, mask, pod, cluster)
+def _log_policy(model: ActorCritic, inputs: Inputs) -> torch.Tensor:
+    logits, _ = model(*inputs)
     return torch.log_softmax(logits, dim=-1)
 
 
-def _kl(start: ActorCritic, after: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+def _kl(start: ActorCritic, after: torch.Tensor, inputs: Inputs) -> torch.Tensor:
     """KL(start || current) per state, `after` the current policy's log-probabilities there."""
     with torch.no_grad():
-        before = _log_policy(start, *inputs)
+        before = _log_policy(start, inputs)
     mask = inputs[1]
     terms = torch.where(mask, before.exp() * (before - after), torch.zeros_like(after))
     return terms.sum(-1)
@@ -181,15 +208,12 @@ def _loss(
     model: ActorCritic,
     start: ActorCritic,
     args: OfflineArgs,
-    nodes: torch.Tensor,
-    mask: torch.Tensor,
-    pod: torch.Tensor,
-    cluster: torch.Tensor,
+    inputs: Inputs,
     chosen: torch.Tensor,
     logged: torch.Tensor,
     advantage: torch.Tensor,
 ) -> torch.Tensor:
-    log_policy = _log_policy(model, nodes, mask, pod, cluster)
+    log_policy = _log_policy(model, inputs)
     taken = log_policy.gather(1, chosen.long().unsqueeze(1)).squeeze(1)
     has = torch.isfinite(logged)
     ratio = torch.exp(taken - torch.log(torch.where(has, logged, torch.ones_like(logged)).clamp(min=1e-8)))
@@ -198,5 +222,5 @@ def _loss(
     weight = torch.clamp(torch.exp(advantage / args.awr_beta), max=args.awr_max_weight)
     awr = -weight * taken
     policy_loss = torch.where(has, ppo, awr).mean()
-    kl = _kl(start, log_policy, nodes, mask, pod, cluster).mean()  # the same forward pass
+    kl = _kl(start, log_policy, inputs).mean()  # the same forward pass
     return policy_loss + args.kl_coef * kl

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from policies import features
+from policies.residual import ResidualBase
 from simulator import plots, traces
 from simulator.learning import environment, export
 from simulator.learning.config import Args
@@ -54,12 +55,31 @@ def pick_device(wanted: str) -> str:
     return wanted
 
 
-def _tensors(obs: dict[str, np.ndarray], device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+# nodes, mask, pod, cluster, then what only some runs observe: base, future (None when not)
+Batch = tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None]
+
+
+def _tensors(obs: dict[str, np.ndarray], device: torch.device) -> Batch:
+    def optional(key: str) -> Tensor | None:
+        return torch.as_tensor(obs[key], device=device) if key in obs else None
+
     return (
         torch.as_tensor(obs["nodes"], device=device),
         torch.as_tensor(obs["mask"], device=device).bool(),
         torch.as_tensor(obs["pod"], device=device),
         torch.as_tensor(obs["cluster"], device=device),
+        optional("base"),
+        optional("future"),
+    )
+
+
+def _clock(obs: dict[str, np.ndarray], device: torch.device) -> Tensor:
+    """Each environment's simulated time (0 when not observed: a discount per decision)."""
+    clock = obs.get("clock")
+    return (
+        torch.zeros(len(obs["pod"]), device=device)
+        if clock is None
+        else torch.as_tensor(clock[:, 0], device=device)
     )
 
 
@@ -73,8 +93,11 @@ def train(
     torch.set_num_threads(args.torch_threads)
     device = torch.device(pick_device(args.device))
     envs = environments or LocalEnvironments(args, traces.load(args.trace))
-    curriculum = environment.Curriculum.up_to(args.largest_cluster, args.episode_minutes)
-    model = ActorCritic(args.hidden).to(device)
+    curriculum = environment.Curriculum.up_to(
+        args.largest_cluster, args.episode_minutes, args.fewest_functions_per_node
+    )
+    future = len(environment.FUTURE_FEATURES) if args.critic_sees_future else 0
+    model = ActorCritic(args.hidden, residual=bool(args.residual), future=future).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, eps=1e-5)
     rows = envs.rows
     shape = (args.num_steps, args.num_envs)
@@ -82,6 +105,9 @@ def train(
     mask_buf = torch.zeros((*shape, rows), dtype=torch.bool, device=device)
     pod_buf = torch.zeros((*shape, len(features.POD_FEATURES)), device=device)
     cluster_buf = torch.zeros((*shape, len(features.CLUSTER_FEATURES)), device=device)
+    base_buf = torch.zeros((*shape, rows), device=device) if args.residual else None
+    future_buf = torch.zeros((*shape, future), device=device) if future else None
+    clock_buf = torch.zeros(shape, device=device)
     actions, logprobs, rewards, dones, values, taught = (torch.zeros(shape, device=device) for _ in range(6))
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +115,7 @@ def train(
     log = _CsvLog(args.out / "progress.csv")
     global_step, started = 0, time.time()
     obs = envs.reset(args.seed)
-    next_obs = _tensors(obs, device)
+    next_obs, next_clock = _tensors(obs, device), _clock(obs, device)
     next_done = torch.zeros(args.num_envs, device=device)
     updates = max(args.total_timesteps // args.batch_size, 1)
     episode_returns: list[float] = []
@@ -106,12 +132,17 @@ def train(
             optimizer.param_groups[0]["lr"] = (1.0 - fraction) * args.learning_rate
         for step in range(args.num_steps):
             global_step += args.num_envs
-            nodes, mask, pod, cluster = next_obs
+            nodes, mask, pod, cluster, base, ahead = next_obs
             nodes_buf[step], mask_buf[step], pod_buf[step], cluster_buf[step] = nodes, mask, pod, cluster
+            if base_buf is not None and base is not None:
+                base_buf[step] = base
+            if future_buf is not None and ahead is not None:
+                future_buf[step] = ahead
+            clock_buf[step] = next_clock
             dones[step] = next_done
             model.update_norms(nodes, mask, pod, cluster)
             with torch.no_grad():
-                logits, value = model(nodes, mask, pod, cluster)
+                logits, value = model(*next_obs)
                 distribution = torch.distributions.Categorical(logits=logits)
                 if imitating or keep_teacher:
                     taught[step] = torch.as_tensor(envs.teach(), device=device)
@@ -124,7 +155,7 @@ def train(
                 running_return[env_index] = 0.0
             scaled = reward_scale(reward, finished)
             rewards[step] = torch.as_tensor(scaled, device=device, dtype=torch.float32)
-            next_obs = _tensors(obs, device)
+            next_obs, next_clock = _tensors(obs, device), _clock(obs, device)
             next_done = torch.as_tensor(finished, device=device, dtype=torch.float32)
 
         with torch.no_grad():
@@ -133,16 +164,19 @@ def train(
             last_gae = torch.zeros(args.num_envs, device=device)
             for t in reversed(range(args.num_steps)):
                 if t == args.num_steps - 1:
-                    next_nonterminal, following = 1.0 - next_done, next_value
+                    next_nonterminal, following, then = 1.0 - next_done, next_value, next_clock
                 else:
-                    next_nonterminal, following = 1.0 - dones[t + 1], values[t + 1]
-                delta = rewards[t] + args.gamma * following * next_nonterminal - values[t]
-                last_gae = delta + args.gamma * args.gae_lambda * next_nonterminal * last_gae
+                    next_nonterminal, following, then = 1.0 - dones[t + 1], values[t + 1], clock_buf[t + 1]
+                discount = _discount(args, then - clock_buf[t])
+                delta = rewards[t] + discount * following * next_nonterminal - values[t]
+                last_gae = delta + discount * args.gae_lambda * next_nonterminal * last_gae
                 advantages[t] = last_gae
             returns = advantages + values
 
         b_nodes, b_mask = nodes_buf.flatten(0, 1), mask_buf.flatten(0, 1)
         b_pod, b_cluster = pod_buf.flatten(0, 1), cluster_buf.flatten(0, 1)
+        b_base = base_buf.flatten(0, 1) if base_buf is not None else None
+        b_future = future_buf.flatten(0, 1) if future_buf is not None else None
         b_actions, b_logprobs = actions.flatten().long(), logprobs.flatten()
         b_taught = taught.flatten().long()  # the teacher's choices (imitation, or its term in the loss)
         b_advantages, b_returns, b_values = advantages.flatten(), returns.flatten(), values.flatten()
@@ -152,7 +186,11 @@ def train(
             order = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
                 mb = order[start : start + args.minibatch_size]
-                logits, new_value = model(b_nodes[mb], b_mask[mb], b_pod[mb], b_cluster[mb])
+                mb_base = b_base[mb] if b_base is not None else None
+                mb_future = b_future[mb] if b_future is not None else None
+                logits, new_value = model(
+                    b_nodes[mb], b_mask[mb], b_pod[mb], b_cluster[mb], mb_base, mb_future
+                )
                 distribution = torch.distributions.Categorical(logits=logits)
                 new_logprob = distribution.log_prob(b_actions[mb])
                 entropy = _masked_entropy(logits, b_mask[mb])
@@ -218,11 +256,25 @@ def train(
     writer.close()
     envs.close()
     model.cpu()
-    torch.save({"model": model.state_dict(), "args": _config(args)}, args.out / "model.pt")
+    heuristic = ResidualBase.of(args.residual, args.residual_scale) if args.residual else None
+    checkpoint = {
+        "model": model.state_dict(),
+        "args": _config(args),
+        "base": heuristic.to_json() if heuristic else "",
+    }
+    torch.save(checkpoint, args.out / "model.pt")
     plots.learning_curve(args.out / "progress.csv", args.out / "learning_curve.png")
     if args.export_onnx:
-        export.export(model, args.out / "placement.onnx", _config(args))
+        export.export(model, args.out / "placement.onnx", _config(args), heuristic)
     return model
+
+
+def _discount(args: Args, elapsed: Tensor) -> Tensor | float:
+    """γ per decision, or γ_s^seconds between decisions (`gamma_per_second`): what a minute of
+    simulated time is worth then does not depend on how busy the cluster is."""
+    if args.gamma_per_second <= 0:
+        return args.gamma
+    return torch.pow(torch.as_tensor(args.gamma_per_second), elapsed.clamp(min=0.0))
 
 
 class RewardScale:

@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from policies import heuristics
+from policies.residual import ResidualBase
 from simulator import clusterspec, engine, traces
 from simulator.learning import environment
 from simulator.learning.config import Args
@@ -51,7 +52,9 @@ def scenarios(args: Args, trace: traces.Trace) -> environment.Scenarios:
     return environment.Scenarios(
         trace=trace,
         shapes=clusterspec.load(args.shapes).pools,
-        curriculum=environment.Curriculum.up_to(args.largest_cluster, args.episode_minutes),
+        curriculum=environment.Curriculum.up_to(
+            args.largest_cluster, args.episode_minutes, args.fewest_functions_per_node
+        ),
     )
 
 
@@ -65,10 +68,19 @@ class LocalEnvironments:
         self.rows = self.scenarios.max_rows
         # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
         self.teacher = heuristics.by_name(args.imitate, seed=args.seed) if args.imitate else None
-        shaping = args.gamma if args.shape_reward else None
+        gamma = args.gamma_per_second or args.gamma
+        shaping = gamma if args.shape_reward else None
+        base = ResidualBase.of(args.residual, args.residual_scale) if args.residual else None
 
         def make() -> gym.Env[Any, Any]:
-            return environment.PlacementEnv(self.scenarios.draw, self.rows, shaping_gamma=shaping)
+            return environment.PlacementEnv(
+                self.scenarios.draw,
+                self.rows,
+                shaping_gamma=shaping,
+                base=base,
+                future=args.critic_sees_future,
+                clock=args.gamma_per_second > 0,
+            )
 
         self.envs = gym.vector.SyncVectorEnv(
             [make for _ in range(self.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
