@@ -275,6 +275,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise SettingsError(str(error).strip("'\"")) from error
     if args.against is not None:
         return _gate(args, clusters, shifted)
+    if "onnx" in policies:  # never kube-default evaluated under the learned policy's name
+        degraded = onnx_policy.load(args.model, device="cpu").degraded
+        if degraded:
+            raise SettingsError(f"--model: {degraded}")
     if args.ship is not None:
         raise SettingsError("--ship needs --against (a model ships only through the gate)")
     console = Console(stderr=True)

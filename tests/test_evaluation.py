@@ -63,3 +63,17 @@ def test_tuning_picks_the_best_combination_of_its_grid() -> None:
 def test_shipped_tuned_weights_load() -> None:
     policy = heuristics.tuned()
     assert policy.name == "tuned" and policy.parts
+
+
+@pytest.mark.parametrize("content", [None, b"not a model"])
+def test_evaluate_refuses_a_model_that_cannot_serve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None
+) -> None:
+    """Evaluating `onnx` on a missing or corrupt file would score kube-default under its name."""
+    model = tmp_path / "model.onnx"
+    if content is not None:
+        model.write_bytes(content)
+    argv = ["evaluate", "--cluster", "small", "--seeds", "1", "--placement", "onnx", "--model", str(model)]
+    assert cli.main([*argv, "--out", str(tmp_path / "eval")]) == 2
+    assert f"--model: {model}" in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()
