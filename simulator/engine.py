@@ -73,6 +73,7 @@ class _Pod:
     ready_at: float
     created_at: float  # when the autoscaler asked for it
     placed_at: float  # when a node had room for it: the wait before is a capacity wait
+    pull_s: float = 0.0  # how long its image kept it from starting (0: the image was there)
     alive: bool = True
     ready: bool = False
 
@@ -105,6 +106,9 @@ class Meters:
 
     weighted_cold_s: float = 0.0  # cold-start seconds x the class's priority weight
     weighted_pull_s: float = 0.0  # seconds new pods wait for their image x priority weight
+    # seconds requests wait for an image pulled for the pod that serves them x priority weight:
+    # a pull for a function with many requests waiting costs that many times more
+    weighted_request_pull_s: float = 0.0
     weighted_sla_violations: float = 0.0  # requests over their class's SLA x priority weight
     utilization_s: float = 0.0  # CPU allocation share of existing nodes x seconds
 
@@ -396,7 +400,14 @@ class Simulation:
         self.result.meters.weighted_pull_s += PRIORITY_WEIGHT[spec.priority] * (image_ready - scheduled)
         self.nodes.add_pod(node, pod, now)
         self.pods.append(
-            _Pod(function=function, node=node, ready_at=ready_at, created_at=created_at, placed_at=now)
+            _Pod(
+                function=function,
+                node=node,
+                ready_at=ready_at,
+                created_at=created_at,
+                placed_at=now,
+                pull_s=image_ready - scheduled,
+            )
         )
         pod_id = len(self.pods) - 1
         self.by_function[function].append(pod_id)
@@ -465,6 +476,9 @@ class Simulation:
                 capacity = min(max(pod.placed_at - max(arrived, pod.created_at), 0.0), wait)
                 self.result.capacity_hist[_bin(capacity)] += count
                 self.result.startup_hist[_bin(wait - capacity)] += count
+                if pod.pull_s > 0.0:
+                    weight = PRIORITY_WEIGHT[self.functions[function].priority]
+                    self.result.meters.weighted_request_pull_s += weight * count * min(wait, pod.pull_s)
         self.buffered[function].clear()
         self.waiting[function] = False
 

@@ -322,3 +322,27 @@ def test_train_command_refuses_a_teacher_it_cannot_load(
     monkeypatch.setattr(heuristics.tuned, "__defaults__", (tmp_path / "absent.json",))
     assert cli.main([*argv, "tuned"]) == 2  # not kube-default in its place
     assert "absent.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("pool", "pull_s"), [("fast", 4.0), ("slow", 40.0)])
+def test_request_weighted_qos_charges_the_requests_that_waited_on_the_pull(pool: str, pull_s: float) -> None:
+    """One request (high priority, weight 2) scales the function from zero: it waits for the pod
+    and so for the whole pull on the chosen node; the request-weighted meter is 2 x the pull,
+    and so is the reward's QoS term (at its own scale), once the pod is ready."""
+    simulation = engine.Simulation(
+        workload=one_function(initial_scale=0),
+        counts=np.array([[1, 0, 0]], dtype=np.int64),
+        cluster=two_pool_cluster(),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("knative"),
+        seed=1,
+    )
+    qos_only = ObjectiveWeights(utilization=0, qos=1, cost=0, other=0)
+    meter = environment.RewardMeter(simulation, qos_only, request_weighted_qos=True)
+    steps = simulation.steps()
+    first = next(steps)
+    with pytest.raises(StopIteration):
+        steps.send([str(n).startswith(pool) for n in first.nodes.names].index(True))
+    assert simulation.result.meters.weighted_request_pull_s == pytest.approx(2.0 * pull_s)
+    reward = meter.take(now=180.0)
+    assert reward == pytest.approx(-2.0 * pull_s * environment.REQUEST_QOS_SCALE / environment.REWARD_SCALE_S)

@@ -39,6 +39,7 @@ class Args:
     residual: str = ""  # a weighted heuristic (e.g. tuned) the actor's logits are a residual on
     residual_scale: float = 2.0  # its standardised scores in logits: its best node ~e^2-e^4 likelier
     critic_sees_future: bool = False  # the critic reads the episode's coming arrivals (training only)
+    request_weighted_qos: bool = False  # QoS: seconds requests waited on pulls, not seconds pods did
     shape_reward: bool = False  # potential-based shaping for node release (not in the shipped model)
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 45

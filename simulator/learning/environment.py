@@ -33,6 +33,9 @@ from simulator.nodes import SCALE_DOWN_UNNEEDED_S
 # cluster, utilization as a share per second, and image waits so that a normal pod's typical
 # pull (~10 s) weighs like a minute of the whole cluster's cost.
 QOS_SCALE = 6.0
+# With `request_weighted_qos`: seconds requests waited on a pull, about four per pod pulled on
+# the bundled clusters, so the term keeps its weight against the others.
+REQUEST_QOS_SCALE = QOS_SCALE / 4.0
 REWARD_SCALE_S = 60.0  # rewards in units of one minute of the reference
 # What the critic may know of the episode's future (training only; the actor never sees it):
 # the arrivals ahead drive the return far more than any placement does.
@@ -139,11 +142,15 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         base: ResidualBase | None = None,
         future: bool = False,
         clock: bool = False,
+        request_weighted_qos: bool = False,
     ) -> None:
         """`base`: a residual policy's heuristic, whose logits the observation carries.
         `future`: the observation carries `future_features` of the episode's arrivals, for the
         critic (an input-dependent baseline, Mao et al. 2019). `clock`: it carries the
-        decision's simulated time, for a discount per second rather than per decision."""
+        decision's simulated time, for a discount per second rather than per decision.
+        `request_weighted_qos`: the QoS term is the seconds requests waited on pulls (what the
+        composite counts), not the seconds pods did."""
+        self.request_weighted_qos = request_weighted_qos
         self.draw, self.rows, self.weights = draw, max_rows, weights or ObjectiveWeights()
         self.shaping_gamma = shaping_gamma  # the learner's discount when the reward is shaped
         self.base, self.future, self.clock = base, future, clock
@@ -184,6 +191,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
                 self.weights,
                 self.shaping_gamma,
                 per_second=self.clock,
+                request_weighted_qos=self.request_weighted_qos,
             )
             try:
                 self._decision = next(self._steps)
@@ -275,10 +283,11 @@ class RewardMeter:
         gamma: float | None = None,
         *,
         per_second: bool = False,
+        request_weighted_qos: bool = False,
     ) -> None:
         """`gamma`: the learner's discount, to add the shaping term; None: no shaping.
         `per_second`: `gamma` discounts a second of simulated time, not a decision."""
-        self.per_second = per_second
+        self.per_second, self.request_weighted_qos = per_second, request_weighted_qos
         spec = simulation.nodes.spec
         self.nodes, self.gamma = simulation.nodes, gamma
         self.result, self.weights = simulation.result, weights
@@ -309,7 +318,8 @@ class RewardMeter:
 
     def _totals(self) -> tuple[float, float, float, float]:
         meters = self.result.meters
-        return meters.utilization_s, meters.weighted_pull_s, self.result.cost_usd, self.result.energy_j
+        pull = meters.weighted_request_pull_s if self.request_weighted_qos else meters.weighted_pull_s
+        return meters.utilization_s, pull, self.result.cost_usd, self.result.energy_j
 
     def take(self, *, now: float | None = None) -> float:
         totals = self._totals()
@@ -320,7 +330,7 @@ class RewardMeter:
         w = self.weights
         loss = (
             w.utilization * (elapsed - utilization)
-            + w.qos * pull * QOS_SCALE
+            + w.qos * pull * (REQUEST_QOS_SCALE if self.request_weighted_qos else QOS_SCALE)
             + w.cost * cost / max(self.cost_rate, 1e-9)
             + w.other * energy / max(self.watts, 1e-9)
         )

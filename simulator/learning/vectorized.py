@@ -80,6 +80,7 @@ class LocalEnvironments:
                 base=base,
                 future=args.critic_sees_future,
                 clock=args.gamma_per_second > 0,
+                request_weighted_qos=args.request_weighted_qos,
             )
 
         self.envs = gym.vector.SyncVectorEnv(
