@@ -139,6 +139,10 @@ class OnnxPolicy:
         (logits,) = self.session.run(
             [OUTPUT], {"nodes": observation.nodes, "pod": observation.pod, "cluster": observation.cluster}
         )
+        if np.shape(logits) != (len(nodes),):  # before the base, whose shape would hide it
+            raise ValueError(
+                f"{OUTPUT} has shape {np.shape(logits)} for {len(nodes)} nodes, expected ({len(nodes)},)"
+            )
         if self.base is None:
             return np.asarray(logits, dtype=np.float64)
         # float32 as in training, where the base travels in float32 tensors

@@ -117,6 +117,7 @@ async def test_a_served_placement_is_recorded_as_the_model_saw_it_with_its_outco
     assert records(tmp_path / "history.db") == []  # nothing written on the request path
     await ready(client, obj, created, bound_after=0.5, ready_after=3.5)
     before = metric("kdrl.decisions.recorded", kdrl_outcome="written")
+    (served,) = recorder._served  # what the extender scored, before it is written
     assert recorder.flush() == 1
     assert metric("kdrl.decisions.recorded", kdrl_outcome="written") == before + 1
     (record,) = records(tmp_path / "history.db")
@@ -132,8 +133,13 @@ async def test_a_served_placement_is_recorded_as_the_model_saw_it_with_its_outco
         0.5, abs=1e-3
     )
     assert record.priority.value == "normal" and record.sla_met is True  # 3.5 s within normal's 5 s
-    # The rows are what the model scored: its logits from them are the recorded probabilities'.
+    # The rows are what the model scored: its logits from them (plus, for a residual model, its
+    # heuristic base on the candidates) are the recorded probabilities'.
     feasible = np.flatnonzero(record.mask)
+    base = loaded.policy.base
+    shift = (
+        0.0 if base is None else base.logits(served.pod, served.candidates.take(feasible)).astype(np.float32)
+    )
     (logits,) = loaded.policy.session.run(
         ["logits"],
         {
@@ -143,6 +149,7 @@ async def test_a_served_placement_is_recorded_as_the_model_saw_it_with_its_outco
         },
     )
     assert record.probabilities is not None
+    logits = logits + shift
     expected = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     np.testing.assert_allclose(record.probabilities[feasible], expected, rtol=1e-5)
     assert record.probabilities.sum() == pytest.approx(1.0, abs=1e-5)

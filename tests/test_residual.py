@@ -238,7 +238,7 @@ def test_future_features_read_the_arrivals_ahead() -> None:
 
 
 def test_discount_per_second_depends_on_time_not_on_decisions() -> None:
-    per_decision = Args(gamma=0.99)
+    per_decision = Args(gamma=0.99, gamma_per_second=0.0)
     assert ppo._discount(per_decision, torch.tensor([0.5, 600.0])) == 0.99
     per_second = Args(gamma_per_second=0.5 ** (1 / 60))  # a minute halves
     np.testing.assert_allclose(

@@ -65,10 +65,10 @@ def usable(
         o = record.observation
         if not 0 <= record.chosen < len(record.names) or not record.mask[record.chosen]:
             out.skipped["unknown node"] += 1
-        elif residual and record.probabilities is None:
-            out.skipped["no served probabilities (a residual model needs them)"] += 1
         elif not all(np.isfinite(a).all() for a in (o.nodes, o.pod, o.cluster)):
             out.skipped["features not finite"] += 1
+        elif residual and record.probabilities is None:
+            out.skipped["no served probabilities (a residual model needs them)"] += 1
         elif record.start_s is None or not np.isfinite(record.start_s):
             out.skipped["no outcome yet"] += 1
         else:
