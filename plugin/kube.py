@@ -76,7 +76,6 @@ async def connect(*, api_url: str | None, kubeconfig: Path | None) -> client.Api
     return client.ApiClient(configuration)
 
 
-@api_call("", "nodes", "list", "watch")
 async def using(
     call: Callable[[client.ApiClient], Awaitable[R]], *, api_url: str | None, kubeconfig: Path | None
 ) -> R:
@@ -88,6 +87,7 @@ async def using(
         await api.close()
 
 
+@api_call("", "nodes", "list", "watch")
 def nodes(api: client.ApiClient) -> Collection:
     return Collection("nodes", client.CoreV1Api(api).list_node)
 

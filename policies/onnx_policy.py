@@ -115,19 +115,15 @@ class OnnxPolicy:
         )
         pod = PodRequest(namespace="kdrl-probe", name="probe", cpu_milli=250, memory_bytes=256 << 20)
         try:
-            logits = self._logits(pod, nodes)
+            self._logits(pod, nodes)  # raises on a wrong shape too
         except Exception as error:  # onnxruntime's own exception types
             raise ModelError(f"{path}: inference fails on a probe pod ({error})") from error
-        if logits.shape != (3,):
-            raise ModelError(f"{path}: {OUTPUT} has shape {logits.shape} for 3 nodes, expected (3,)")
 
     def score(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
         if len(nodes) == 0:
             return np.zeros(0)
         try:
             logits = self._logits(pod, nodes)
-            if logits.shape != (len(nodes),):
-                raise ValueError(f"{OUTPUT} has shape {logits.shape} for {len(nodes)} nodes")
         except Exception as error:  # this request is scored by kube-default; the next tries again
             self.failures += 1
             log.warning("ONNX inference failed for %s (%s); kube-default scores it", pod.key, error)

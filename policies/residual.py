@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class ResidualBase:
     def __post_init__(self) -> None:
         if not (np.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"residual scale must be a positive number, not {self.scale!r}")
-        heuristics.weighted("base", self.weights)  # unknown terms fail here, at construction
+        _ = self.policy  # unknown terms fail here, at construction (and it is built once)
 
     @classmethod
     def of(cls, heuristic: str, scale: float) -> ResidualBase:
@@ -41,10 +42,12 @@ class ResidualBase:
         policy = heuristics.by_name(heuristic)
         if not isinstance(policy, heuristics.WeightedSumPolicy):
             raise ValueError(f"{heuristic!r} is not a weighted sum of score terms; it cannot be a base")
-        return cls(weights={term: weight for term, weight, _ in _named_parts(policy)}, scale=scale)
+        # Under `heuristics.TERMS` names (kube-default's profile names its plugins as upstream).
+        by_function = {fn: name for name, fn in heuristics.TERMS.items()}
+        return cls(weights={by_function[fn]: weight for _, weight, fn in policy.parts}, scale=scale)
 
-    @property
-    def policy(self) -> heuristics.WeightedSumPolicy:
+    @cached_property
+    def policy(self) -> heuristics.WeightedSumPolicy:  # built once: it scores every placement
         return heuristics.weighted("base", self.weights)
 
     def to_json(self) -> str:
@@ -77,10 +80,3 @@ def standardised(scores: FloatArray, candidates: BoolArray | None = None) -> Flo
     if spread > 0.0:
         out[pick] = (chosen - chosen.mean()) / spread
     return out
-
-
-def _named_parts(policy: heuristics.WeightedSumPolicy) -> list[tuple[str, float, object]]:
-    """The policy's parts under `heuristics.TERMS` names (kube-default's profile names its fit
-    and balance plugins as upstream does)."""
-    by_function = {fn: name for name, fn in heuristics.TERMS.items()}
-    return [(by_function[fn], weight, fn) for _, weight, fn in policy.parts]

@@ -220,7 +220,7 @@ def test_fine_tuning_a_residual_model_recovers_its_base_from_the_served_probabil
         np.testing.assert_allclose(served, np.log(record.probabilities), atol=2e-4)
     data = offline.usable(records, residual=True)
     report = offline.fine_tune(start, data, offline.OfflineArgs(epochs=3), residual=True)
-    assert report.used == 40 and report.kl_to_start >= 0.0
+    assert report.used == 40 and report.kl_to_start > 0.0  # it moved from where it served
     plain = dataclasses.replace(records[0], probabilities=None)
     assert offline.usable([plain], residual=True).skipped  # nothing to recover a base from
 
