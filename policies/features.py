@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from policies.types import BoolArray, NodeTable, PodRequest, Priority
+from policies.types import BoolArray, IntArray, NodeTable, PodRequest, Priority
 
 Float32Array = npt.NDArray[np.float32]
 GiB = float(1 << 30)
@@ -68,8 +68,10 @@ def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = Non
     the `candidates` (the feasible rows; all rows when None), the nodes the extender is asked
     about, so training and serving see the same context."""
     size = len(nodes)
-    pick = np.ones(size, dtype=np.bool_) if candidates is None else candidates
-    economics = nodes.cluster.economics.take(nodes.origin)
+    pick = None if candidates is None or candidates.all() else candidates
+    economics = nodes.cluster.economics
+    price = economics.price_per_hour[nodes.origin]
+    idle_watts = economics.idle_watts[nodes.origin]
     cpu_alloc = np.maximum(nodes.cpu_allocatable, 1).astype(np.float64)
     mem_alloc = np.maximum(nodes.memory_allocatable, 1).astype(np.float64)
     cores = cpu_alloc / 1000.0
@@ -78,40 +80,35 @@ def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = Non
     present = np.zeros(size)
     for image in pod.images:
         sizes = nodes.image_sizes(image)
-        image_size = float(sizes.max()) if size else 0.0
-        image_bytes += image_size
+        image_bytes += float(sizes.max()) if size else 0.0
         present += sizes
-    missing = np.maximum(image_bytes - present, 0.0)
-    pull_s = missing / economics.pull_bytes_per_s
 
+    # Filled column by column in float64 and stored as float32: the numbers training saw.
+    out = np.empty((size, len(NODE_FEATURES)), dtype=np.float32)
+    out[:, 0] = (cpu_alloc - nodes.cpu_requested - pod.cpu_milli) / cpu_alloc
+    out[:, 1] = (mem_alloc - nodes.memory_requested - pod.memory_bytes) / mem_alloc
+    out[:, 2] = nodes.cpu_requested / cpu_alloc
+    out[:, 3] = nodes.memory_requested / mem_alloc
+    out[:, 4] = np.minimum(nodes.gpu_allocatable - nodes.gpu_requested - pod.gpu, 8) / 8.0
+    out[:, 5] = np.log2(cores)
+    if image_bytes:
+        out[:, 6] = present / image_bytes
+        pull_bytes_per_s = economics.pull_bytes_per_s[nodes.origin]
+        out[:, 7] = np.log1p(np.maximum(image_bytes - present, 0.0) / pull_bytes_per_s)
+    else:
+        out[:, 6], out[:, 7] = 1.0, 0.0
     function_pods = _function_pods(pod, nodes)
-    zone_pods = np.bincount(economics.zone, weights=function_pods, minlength=len(economics.zones))
-    total_pods = function_pods.sum()
-    zone_share = zone_pods[economics.zone] / total_pods if total_pods else np.zeros(size)
-
-    price_per_core = economics.price_per_hour / cores
-    watts_per_core = (economics.max_watts - economics.idle_watts) / cores
-    features = np.column_stack(
-        [
-            (cpu_alloc - nodes.cpu_requested - pod.cpu_milli) / cpu_alloc,
-            (mem_alloc - nodes.memory_requested - pod.memory_bytes) / mem_alloc,
-            nodes.cpu_requested / cpu_alloc,
-            nodes.memory_requested / mem_alloc,
-            np.minimum(nodes.gpu_allocatable - nodes.gpu_requested - pod.gpu, 8) / 8.0,
-            np.log2(cores),
-            present / image_bytes if image_bytes else np.ones(size),
-            np.log1p(pull_s),
-            np.log1p(function_pods),
-            zone_share,
-            _relative(economics.price_per_hour, pick),
-            _relative(price_per_core, pick),
-            _relative(watts_per_core, pick),
-            _relative(economics.idle_watts, pick),
-            nodes.pod_count == 0,
-            economics.spot,
-            np.log1p(nodes.pod_count),
-        ]
-    ).astype(np.float32)
+    out[:, 8] = np.log1p(function_pods)
+    out[:, 9] = _zone_share(function_pods, economics.zone[nodes.origin], len(economics.zones))
+    out[:, 10] = _relative(price, pick)
+    out[:, 11] = _relative(price / cores, pick)
+    out[:, 12] = _relative((economics.max_watts[nodes.origin] - idle_watts) / cores, pick)
+    out[:, 13] = _relative(idle_watts, pick)
+    empty = nodes.pod_count == 0
+    out[:, 14] = empty
+    spot = economics.spot[nodes.origin]
+    out[:, 15] = spot
+    out[:, 16] = np.log1p(nodes.pod_count)
 
     priority = [float(pod.priority is p) for p in Priority]
     pod_features = np.array(
@@ -125,18 +122,19 @@ def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = Non
         ],
         dtype=np.float32,
     )
-    chosen = max(int(pick.sum()), 1)
+    chosen = size if pick is None else int(pick.sum())
+    rows = slice(None) if pick is None else pick
     cluster = np.array(
         [
-            nodes.cpu_requested[pick].sum() / cpu_alloc[pick].sum() if pick.any() else 0.0,
-            nodes.memory_requested[pick].sum() / mem_alloc[pick].sum() if pick.any() else 0.0,
-            np.log10(chosen),
-            (nodes.pod_count[pick] == 0).sum() / chosen,
-            economics.spot[pick].sum() / chosen,
+            nodes.cpu_requested[rows].sum() / cpu_alloc[rows].sum() if chosen else 0.0,
+            nodes.memory_requested[rows].sum() / mem_alloc[rows].sum() if chosen else 0.0,
+            np.log10(max(chosen, 1)),
+            empty[rows].sum() / max(chosen, 1),
+            spot[rows].sum() / max(chosen, 1),
         ],
         dtype=np.float32,
     )
-    return Observation(nodes=features, pod=pod_features, cluster=cluster)
+    return Observation(nodes=out, pod=pod_features, cluster=cluster)
 
 
 def _function_pods(pod: PodRequest, nodes: NodeTable) -> npt.NDArray[np.float64]:
@@ -145,7 +143,21 @@ def _function_pods(pod: PodRequest, nodes: NodeTable) -> npt.NDArray[np.float64]
     return nodes.function_pod_counts(pod.function).astype(np.float64)
 
 
-def _relative(values: npt.NDArray[np.float64], pick: BoolArray) -> npt.NDArray[np.float64]:
-    """Values over their mean among the picked rows; 1 everywhere when that mean is 0."""
-    mean = float(values[pick].mean()) if pick.any() else 0.0
+def _zone_share(
+    function_pods: npt.NDArray[np.float64], zone: IntArray, zones: int
+) -> npt.NDArray[np.float64]:
+    """Per row, the share of this function's pods that run in the node's zone (0 without pods)."""
+    total = function_pods.sum()
+    if not total:
+        return np.zeros(len(function_pods))
+    per_zone = np.asarray(np.bincount(zone, weights=function_pods, minlength=zones), dtype=np.float64)
+    share: npt.NDArray[np.float64] = per_zone[zone] / total
+    return share
+
+
+def _relative(values: npt.NDArray[np.float64], pick: BoolArray | None) -> npt.NDArray[np.float64]:
+    """Values over their mean among the picked rows (all rows: None); 1 everywhere when that
+    mean is 0."""
+    chosen = values if pick is None else values[pick]
+    mean = float(chosen.mean()) if chosen.size else 0.0
     return values / mean if mean > 0 else np.ones(len(values))

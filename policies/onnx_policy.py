@@ -128,6 +128,8 @@ class OnnxPolicy:
             self.failures += 1
             log.warning("ONNX inference failed for %s (%s); kube-default scores it", pod.key, error)
             return self._stand_in.score(pod, nodes)
+        if np.isfinite(logits).all():  # the usual case: no copy
+            return logits
         return np.nan_to_num(logits, nan=-1e9, posinf=1e9, neginf=-1e9)
 
     def _logits(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
@@ -142,8 +144,8 @@ class OnnxPolicy:
         if self.base is None:
             return np.asarray(logits, dtype=np.float64)
         # float32 as in training, where the base travels in float32 tensors
-        base = self.base.logits(pod, nodes).astype(np.float32)
-        return np.asarray(np.asarray(logits, dtype=np.float32) + base, dtype=np.float64)
+        summed = np.asarray(logits, dtype=np.float32) + self.base.logits(pod, nodes).astype(np.float32)
+        return summed.astype(np.float64)
 
 
 @dataclass(frozen=True, slots=True)

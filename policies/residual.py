@@ -71,12 +71,14 @@ class ResidualBase:
 def standardised(scores: FloatArray, candidates: BoolArray | None = None) -> FloatArray:
     """(score − mean) / std over the candidates; 0 outside them or when std is 0. Monotone within
     the candidates, so argmax and ties are the scores' own."""
-    pick = np.ones(scores.size, dtype=np.bool_) if candidates is None else candidates
+    if candidates is None or candidates.all():
+        spread = float(scores.std())
+        return (scores - scores.mean()) / spread if spread > 0.0 else np.zeros(scores.size)
     out = np.zeros(scores.size, dtype=np.float64)
-    if not pick.any():
+    if not candidates.any():
         return out
-    chosen = scores[pick]
+    chosen = scores[candidates]
     spread = float(chosen.std())
     if spread > 0.0:
-        out[pick] = (chosen - chosen.mean()) / spread
+        out[candidates] = (chosen - chosen.mean()) / spread
     return out
