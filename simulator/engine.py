@@ -109,6 +109,9 @@ class Meters:
     # seconds requests wait for an image pulled for the pod that serves them x priority weight:
     # a pull for a function with many requests waiting costs that many times more
     weighted_request_pull_s: float = 0.0
+    # seconds pods wait for a node with room (the autoscaler adding one) x priority weight,
+    # accrued while they wait: what packing costs when a burst finds the cluster drained
+    weighted_capacity_s: float = 0.0
     weighted_sla_violations: float = 0.0  # requests over their class's SLA x priority weight
     utilization_s: float = 0.0  # CPU allocation share of existing nodes x seconds
 
@@ -504,6 +507,9 @@ class Simulation:
     # -- accounting -------------------------------------------------------------------
     def _account(self, now: float) -> None:
         nodes = self.nodes
+        if self.pending:
+            weights = sum(PRIORITY_WEIGHT[self.functions[f].priority] for f in self.pending)
+            self.result.meters.weighted_capacity_s += weights * METRICS_EVERY_S
         nodes.scale_down(now)
         self.result.energy_j += nodes.watts(now) * METRICS_EVERY_S
         self.result.cost_usd += float(nodes.price[nodes.alive].sum()) * METRICS_EVERY_S / 3600.0

@@ -345,3 +345,33 @@ def test_request_weighted_qos_charges_the_requests_that_waited_on_the_pull(pool:
     assert simulation.result.meters.weighted_request_pull_s == pytest.approx(2.0 * pull_s)
     reward = meter.take(now=180.0)
     assert reward == pytest.approx(-2.0 * pull_s * environment.REQUEST_QOS_SCALE / environment.REWARD_SCALE_S)
+
+
+@pytest.mark.parametrize("minutes", [1, 2])
+def test_capacity_waits_are_metered_while_a_pod_waits_for_room(minutes: int) -> None:
+    """Three pods of 6 cores (high priority, weight 2) on two 8-core nodes that cannot grow,
+    held at three by traffic: the third waits for room the whole run, metered every 10 s from
+    t = 0, so 2 x 60 s per minute; with `capacity_qos` the reward's QoS term adds it to the
+    image waits, at the same scale."""
+    simulation = engine.Simulation(
+        workload=one_function(initial_scale=3, cpu_milli=6000, concurrency_target=1.0, max_scale=3),
+        counts=np.full((1, minutes), 3000, dtype=np.int64),
+        cluster=two_pool_cluster(),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("knative"),
+        seed=1,
+        new_revisions=True,
+    )
+    qos_only = ObjectiveWeights(utilization=0, qos=1, cost=0, other=0)
+    with_waits = environment.RewardMeter(simulation, qos_only, capacity_qos=True)
+    pulls_only = environment.RewardMeter(simulation, qos_only)
+    result = engine.drive(simulation.steps(), lambda decision: int(np.flatnonzero(decision.feasible)[0]))
+    assert result.pods_started == 2
+    meters = result.meters
+    assert meters.weighted_capacity_s == pytest.approx(2.0 * 60.0 * minutes)
+    scale = environment.QOS_SCALE / environment.REWARD_SCALE_S
+    end = 60.0 * minutes
+    assert pulls_only.take(now=end) == pytest.approx(-meters.weighted_pull_s * scale)
+    assert with_waits.take(now=end) == pytest.approx(
+        -(meters.weighted_pull_s + meters.weighted_capacity_s) * scale
+    )

@@ -42,6 +42,7 @@ class Args:
     residual_scale: float = 2.0  # its standardised scores in logits: its best node ~e^2-e^4 likelier
     critic_sees_future: bool = True  # the critic reads the episode's coming arrivals (training only)
     request_weighted_qos: bool = False  # QoS: seconds requests waited on pulls, not seconds pods did
+    qos_counts_capacity_waits: bool = False  # QoS also: seconds pods wait for a node with room
     shape_reward: bool = True  # potential-based shaping for node release
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 360  # 6 hours of the 12-hour training split

@@ -143,14 +143,16 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         future: bool = False,
         clock: bool = False,
         request_weighted_qos: bool = False,
+        capacity_qos: bool = False,
     ) -> None:
         """`base`: a residual policy's heuristic, whose logits the observation carries.
         `future`: the observation carries `future_features` of the episode's arrivals, for the
         critic (an input-dependent baseline, Mao et al. 2019). `clock`: it carries the
         decision's simulated time, for a discount per second rather than per decision.
         `request_weighted_qos`: the QoS term is the seconds requests waited on pulls (what the
-        composite counts), not the seconds pods did."""
-        self.request_weighted_qos = request_weighted_qos
+        composite counts), not the seconds pods did. `capacity_qos`: the QoS term also counts
+        the seconds pods wait for a node with room."""
+        self.request_weighted_qos, self.capacity_qos = request_weighted_qos, capacity_qos
         self.draw, self.rows, self.weights = draw, max_rows, weights or ObjectiveWeights()
         self.shaping_gamma = shaping_gamma  # the learner's discount when the reward is shaped
         self.base, self.future, self.clock = base, future, clock
@@ -192,6 +194,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
                 self.shaping_gamma,
                 per_second=self.clock,
                 request_weighted_qos=self.request_weighted_qos,
+                capacity_qos=self.capacity_qos,
             )
             try:
                 self._decision = next(self._steps)
@@ -284,10 +287,13 @@ class RewardMeter:
         *,
         per_second: bool = False,
         request_weighted_qos: bool = False,
+        capacity_qos: bool = False,
     ) -> None:
         """`gamma`: the learner's discount, to add the shaping term; None: no shaping.
-        `per_second`: `gamma` discounts a second of simulated time, not a decision."""
+        `per_second`: `gamma` discounts a second of simulated time, not a decision.
+        `capacity_qos`: pods' seconds waiting for room count as QoS, as image waits do."""
         self.per_second, self.request_weighted_qos = per_second, request_weighted_qos
+        self.capacity_qos = capacity_qos
         spec = simulation.nodes.spec
         self.nodes, self.gamma = simulation.nodes, gamma
         self.result, self.weights = simulation.result, weights
@@ -319,6 +325,8 @@ class RewardMeter:
     def _totals(self) -> tuple[float, float, float, float]:
         meters = self.result.meters
         pull = meters.weighted_request_pull_s if self.request_weighted_qos else meters.weighted_pull_s
+        if self.capacity_qos:
+            pull += meters.weighted_capacity_s
         return meters.utilization_s, pull, self.result.cost_usd, self.result.energy_j
 
     def take(self, *, now: float | None = None) -> float:
