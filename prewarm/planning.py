@@ -139,8 +139,7 @@ def plan(
 ) -> PrewarmPlan:
     """The plan for the next window; see the module docstring for the rules."""
     config = settings or PlannerSettings()
-    items: list[_Item] = []
-    entries: dict[str, tuple[WarmEntry, FunctionState]] = {}
+    candidates: list[tuple[WarmEntry, FunctionState]] = []
     skipped: list[tuple[str, str]] = []
     for function, forecast in sorted(forecasts.items()):
         state = states.get(function)
@@ -149,36 +148,29 @@ def plan(
             skipped.append((function, why_not))
             continue
         assert state is not None
-        entry, busy = _evaluate(now_minute, forecast, state, config)
-        entries[function] = entry, state
-        items.extend(_items(entry, state, busy))
+        candidates.append((_evaluate(now_minute, forecast, state, config), state))
     # The hybrid's memory is a target (the last entry may cross it, or a lone function could
     # never be warmed); the operator's budget is a hard cap.
     target = float("inf")
     if config.hybrid_memory_share is not None:
         target = config.hybrid_memory_share * hybrid_memory(forecasts, states)
-    # Highest benefit per byte first: every replica's memory is weighed at one price, the benefit
-    # per byte of the last one taken (a Lagrangian knapsack, solved greedily per cycle). A
-    # function's first replica and its k-th are separate items, so a busy function's first
-    # replica is not ranked by the whole set's bytes (it competes as any other first replica).
-    items.sort(key=lambda item: (-item.benefit_usd / item.bytes, item.function, item.rank))
+    # Highest benefit per byte first: every function's warm memory is weighed at one price, the
+    # benefit per byte of the last one taken (a Lagrangian knapsack, solved greedily per cycle).
+    candidates.sort(
+        key=lambda c: (-c[0].reason.benefit_usd / (c[0].replicas * c[1].memory_bytes), c[1].function)
+    )
     free = free_memory(nodes, config.scale_down_utilization)
-    taken: dict[str, list[Reason]] = {}
-    refused: dict[str, str] = {}
-    spent = 0
-    for item in items:
-        if item.function in refused:  # a replica before this one was refused: so is this one
-            continue
-        reason = _priced(item.reason, item.bytes, paid=spent + item.bytes > free, config=config)
+    warm, spent = [], 0
+    for entry, state in candidates:
+        need = entry.replicas * state.memory_bytes
+        reason = _priced(entry.reason, need, paid=spent + need > free, config=config)
         if reason.benefit_usd <= reason.cost_usd:
-            refused[item.function] = "cost exceeds benefit"
-        elif spent + item.bytes > budget.warm_memory_bytes or spent >= target:
-            refused[item.function] = "warm-memory budget exhausted"
+            skipped.append((entry.function, "cost exceeds benefit"))
+        elif spent + need > budget.warm_memory_bytes or spent >= target:
+            skipped.append((entry.function, "warm-memory budget exhausted"))
         else:
-            spent += item.bytes
-            taken.setdefault(item.function, []).append(reason)
-    warm = [_taken(entries[f][0], reasons, entries[f][1]) for f, reasons in taken.items()]
-    skipped.extend((f, why) for f, why in refused.items() if f not in taken)
+            spent += need
+            warm.append((replace(entry, reason=reason), state))
     pulls = _pulls(warm, nodes, budget, policy, config)
     return PrewarmPlan(
         now_minute=now_minute,
@@ -225,23 +217,9 @@ def _probability(forecast: Forecast, window: int) -> float:
     return float(within[min(window, len(within)) - 1]) if len(within) else 0.0
 
 
-@dataclass(frozen=True)
-class _Item:
-    """One knapsack item: a function's first replicas (`rank` 1: as many as its author's
-    min-scale) or its `rank`-th, with the benefit it alone adds."""
-
-    function: str
-    rank: int
-    replicas: int
-    bytes: int
-    benefit_usd: float
-    reason: Reason
-
-
 def _evaluate(
     now_minute: int, forecast: Forecast, state: FunctionState, config: PlannerSettings
-) -> tuple[WarmEntry, float]:
-    """The function's entry at full size, and its expected pods in flight (Little's law)."""
+) -> WarmEntry:
     window, lookahead = config.window_minutes, config.lookahead_minutes
     probability = _probability(forecast, lookahead)
     rate_per_s = float(np.mean(forecast.expected[:lookahead])) / 60.0 if len(forecast.expected) else 0.0
@@ -257,52 +235,9 @@ def _evaluate(
         cost_usd=0.0,  # priced in order (`_priced`): it depends on what fits free memory
         pattern=forecast.pattern.value,
     )
-    entry = WarmEntry(
+    return WarmEntry(
         function=state.function, replicas=replicas, expires_minute=now_minute + window, reason=reason
     )
-    return entry, busy
-
-
-def _items(entry: WarmEntry, state: FunctionState, busy: float) -> list[_Item]:
-    """The entry as knapsack items: its first replicas with the whole benefit, then each further
-    replica k with the benefit times P(N >= k | N >= 1), N ~ Poisson(busy) the pods in flight
-    (the chance that a k-th pod is needed at all when the function is invoked)."""
-    first = max(1, min(state.author_min_scale, entry.replicas))
-    reason = entry.reason
-    items = [_Item(entry.function, 1, first, first * state.memory_bytes, reason.benefit_usd, reason)]
-    tail = _poisson_tail(busy, entry.replicas)
-    for k in range(first + 1, entry.replicas + 1):
-        share = tail[k] / tail[1] if tail[1] > 0 else 0.0
-        partial = replace(
-            reason, probability=reason.probability * share, benefit_usd=reason.benefit_usd * share
-        )
-        items.append(_Item(entry.function, k, 1, state.memory_bytes, partial.benefit_usd, partial))
-    return items
-
-
-def _poisson_tail(mean: float, most: int) -> list[float]:
-    """P(N >= k) for k = 0..most, N ~ Poisson(mean)."""
-    tail, term, below = [1.0], math.exp(-mean), 0.0
-    for k in range(1, most + 1):
-        below += term  # P(N = k - 1)
-        tail.append(max(1.0 - below, 0.0))
-        term *= mean / k
-    return tail
-
-
-def _taken(
-    entry: WarmEntry, reasons: Sequence[Reason], state: FunctionState
-) -> tuple[WarmEntry, FunctionState]:
-    """The entry with the replicas its items won: the first's reason, with the benefit and cost of
-    them all, paid when any of them keeps a node up."""
-    first = max(1, min(state.author_min_scale, entry.replicas))
-    reason = replace(
-        reasons[0],
-        benefit_usd=sum(r.benefit_usd for r in reasons),
-        cost_usd=sum(r.cost_usd for r in reasons),
-        paid=any(r.paid for r in reasons),
-    )
-    return replace(entry, replicas=first + len(reasons) - 1, reason=reason), state
 
 
 def _priced(reason: Reason, need_bytes: int, *, paid: bool, config: PlannerSettings) -> Reason:

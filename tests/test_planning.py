@@ -135,27 +135,6 @@ def test_busy_functions_get_enough_replicas_for_their_concurrency() -> None:
     assert result.replicas("ns/busy") == 5
 
 
-def test_each_replica_of_a_busy_function_is_its_own_knapsack_item() -> None:
-    """A busy function (5 pods in flight, Poisson) and a lone one (p 0.6), 0.5 GiB a replica,
-    1 GiB of budget. Ranked as one 2.5 GiB set, the busy function lost to the lone one and then
-    did not fit. Per replica: its first (benefit 1 per 0.5 GiB), its second (x P(N >= 2 | N >= 1)
-    = (1 - 6e^-5) / (1 - e^-5) = 0.966), then the lone one (0.6): the busy function gets two."""
-    busy = state("ns/busy", duration_s=2.0, concurrency_target=4.0)
-    forecasts = [forecast("ns/busy", probability=1.0, per_minute=600), forecast("ns/lone", probability=0.6)]
-    result = run(
-        forecasts, [busy, state("ns/lone")], budget=Budget(warm_memory_bytes=GiB, pulls_per_minute=0)
-    )
-    assert result.replicas("ns/busy") == 2 and result.replicas("ns/lone") == 0
-    assert ("ns/lone", "warm-memory budget exhausted") in result.skipped
-    (entry,) = result.warm
-    first = entry.reason.benefit_usd / (1 + (1 - 6 * np.exp(-5)) / (1 - np.exp(-5)))
-    assert first == pytest.approx(1.0 * 8.0 * 0.001)  # p x cold start x a normal second's value
-    roomy = run(
-        forecasts, [busy, state("ns/lone")], budget=Budget(warm_memory_bytes=4 * GiB, pulls_per_minute=0)
-    )
-    assert (roomy.replicas("ns/busy"), roomy.replicas("ns/lone")) == (5, 1)
-
-
 def test_never_above_the_revisions_max_scale() -> None:
     # 5 replicas would serve the concurrency, but Knative runs at most 2: hold no more than that
     result = run(
