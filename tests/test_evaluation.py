@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import screen
 from plugin import cli
 from policies import heuristics
 from policies.objectives import Objectives, ObjectiveWeights, composite
-from simulator import compare, evaluation
+from simulator import compare, evaluation, traces
 
 
 def test_composite_is_one_for_the_reference_and_lower_when_better() -> None:
@@ -77,3 +78,24 @@ def test_evaluate_refuses_a_model_that_cannot_serve(
     assert cli.main([*argv, "--out", str(tmp_path / "eval")]) == 2
     assert f"--model: {model}" in capsys.readouterr().err
     assert not (tmp_path / "eval").exists()
+
+
+def test_the_screen_never_touches_the_evaluation_split() -> None:
+    """`bench.screen` chooses among models: its windows lie in the training split and its seeds
+    are none of the evaluation's, so the evaluation split still decides only once."""
+    cases = screen.cases()
+    assert {c.ground for c in cases} == {*evaluation.CLUSTERS, "medium x2 arrivals"}
+    for case in cases:
+        assert traces.TRAIN_MINUTES[0] <= case.minutes[0] < case.minutes[1] <= traces.TRAIN_MINUTES[1]
+        assert case.seed not in evaluation.SEEDS
+
+
+def test_the_screen_refuses_a_model_that_cannot_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "placement.onnx"
+    bad.write_bytes(b"not onnx")
+    monkeypatch.setattr("sys.argv", ["screen", str(bad)])
+    with pytest.raises(SystemExit) as exit_:
+        screen.main()
+    assert exit_.value.code == 2
