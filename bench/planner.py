@@ -57,8 +57,6 @@ def states(names: list[str], seed: int = 0) -> dict[str, FunctionState]:
             priority=pod.priority,
             memory_bytes=memory,
             cold_start_s=float(rng.uniform(2.0, 12.0)),
-            concurrency_target=float(rng.choice((1, 10, 100))),
-            duration_s=float(rng.lognormal(-1.0, 1.0)),
             pod=pod,
         )
     return out

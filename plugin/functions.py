@@ -30,11 +30,8 @@ logger = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
 
 PREWARM_ANNOTATION = "kdrl.dev/prewarm"
-TARGET_ANNOTATION = "autoscaling.knative.dev/target"
 MAX_SCALE_ANNOTATION = "autoscaling.knative.dev/max-scale"
-DEFAULT_CONCURRENCY_TARGET = 100.0  # Knative's container-concurrency-target-default
 DEFAULT_COLD_START_S = 5.0  # until one is observed: the pod-startup SLO without a pull
-DEFAULT_DURATION_S = 1.0
 
 
 def function_state(
@@ -77,8 +74,6 @@ def function_state(
         cold_start_s=statistics.median(observed_cold_starts_s)
         if observed_cold_starts_s
         else DEFAULT_COLD_START_S,
-        concurrency_target=_concurrency_target(annotations, spec),
-        duration_s=DEFAULT_DURATION_S,
         pod=pod,
         prewarm_allowed=str(annotations.get(PREWARM_ANNOTATION, "true")).strip().lower() != "false",
         author_min_scale=author_min_scale(annotations),
@@ -104,18 +99,6 @@ def _resolved(pod: PodRequest, service: Obj, spec: Obj, cached: Mapping[str, str
     if not all(digests) or len(digests) != len(pod.images):
         return pod  # not cached (yet), or init containers in the way: keep the template's
     return dataclasses.replace(pod, images=tuple(convert.normalize_image(str(d)) for d in digests))
-
-
-def _concurrency_target(annotations: Mapping[str, str], spec: Obj) -> float:
-    """`autoscaling.knative.dev/target`, else the hard `containerConcurrency`, else the default."""
-    for raw in (annotations.get(TARGET_ANNOTATION), spec.get("containerConcurrency")):
-        try:
-            value = float(raw) if raw is not None else 0.0
-        except (TypeError, ValueError):
-            continue
-        if value > 0:
-            return value
-    return DEFAULT_CONCURRENCY_TARGET
 
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"

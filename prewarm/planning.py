@@ -17,7 +17,6 @@ would choose for the function's next pod, where the image is missing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -76,8 +75,6 @@ class FunctionState:
     priority: Priority
     memory_bytes: int
     cold_start_s: float  # observed (or modelled) creation-to-ready time
-    concurrency_target: float
-    duration_s: float  # a typical request's duration
     pod: PodRequest  # what its next pod would request (for placement and pre-pulls)
     prewarm_allowed: bool = True  # False when annotated kdrl.dev/prewarm: "false"
     author_min_scale: int = 0  # never plan below what the author set
@@ -222,9 +219,11 @@ def _evaluate(
 ) -> WarmEntry:
     window, lookahead = config.window_minutes, config.lookahead_minutes
     probability = _probability(forecast, lookahead)
-    rate_per_s = float(np.mean(forecast.expected[:lookahead])) / 60.0 if len(forecast.expected) else 0.0
-    busy = rate_per_s * state.duration_s / max(state.concurrency_target, 1e-9)  # Little's law, in pods
-    replicas = max(1, math.ceil(busy), state.author_min_scale)
+    # One warm replica, as the hybrid histogram holds: it spares the start from zero, and
+    # Knative scales a running function on load. Replicas for the expected concurrency (Little's
+    # law, until 2026-12-04) spent the budget on busy functions whose cold-start share is small
+    # anyway, and left rarely invoked ones cold (docs/prewarm.md).
+    replicas = max(1, state.author_min_scale)
     if state.max_scale > 0:  # Knative would not run more: holding them warm is memory for nothing
         replicas = max(min(replicas, state.max_scale), min(state.author_min_scale, state.max_scale))
     benefit = probability * state.cold_start_s * config.cold_start_value_per_s.get(state.priority, 0.0)

@@ -27,7 +27,6 @@ from policies.types import NodeTable
 from prewarm.planning import Budget, FunctionState, PlannerSettings, PrewarmPlan, plan
 from simulator.clusterspec import ClusterSpec
 from simulator.engine import StartupConfig, pod_request
-from simulator.traces import DURATION_LEVELS
 from simulator.workload import Workload
 
 IntArray = npt.NDArray[np.int64]
@@ -79,7 +78,6 @@ def budget(cluster: ClusterSpec) -> Budget:
 
 def function_states(workload: Workload, startup: StartupConfig) -> dict[str, FunctionState]:
     """What the planner knows of each simulated function, as the service learns it live."""
-    median = DURATION_LEVELS.index(0.50)
     startup_s = startup.scheduling_s + startup.container_start_s + startup.runtime_init_s
     return {
         spec.service: FunctionState(
@@ -87,12 +85,10 @@ def function_states(workload: Workload, startup: StartupConfig) -> dict[str, Fun
             priority=spec.priority,
             memory_bytes=spec.memory_bytes,
             cold_start_s=startup_s + spec.image_bytes / (DEFAULT_PULL_MIB_PER_S * MiB),
-            concurrency_target=spec.concurrency_target,
-            duration_s=float(workload.duration_ms[i, median]) / 1000.0,
             pod=pod_request(spec),
             max_scale=spec.max_scale,
         )
-        for i, spec in enumerate(workload.functions)
+        for spec in workload.functions
     }
 
 

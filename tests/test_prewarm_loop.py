@@ -116,7 +116,7 @@ def test_a_knative_service_becomes_the_planners_function_state() -> None:
     state = function_state(knative_service(), observed_cold_starts_s=[3.0, 4.0, 9.0])
     assert state is not None
     assert (state.function, state.priority, state.memory_bytes) == ("shop/hello", Priority.HIGH, 512 << 20)
-    assert state.cold_start_s == 4.0 and state.concurrency_target == 10.0
+    assert state.cold_start_s == 4.0
     assert state.pod.images == (IMAGE,) and state.prewarm_allowed
     opted_out = function_state(knative_service(**{"kdrl.dev/prewarm": "false", act.MIN_SCALE: "2"}))
     assert opted_out is not None and not opted_out.prewarm_allowed and opted_out.author_min_scale == 2
