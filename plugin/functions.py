@@ -2,7 +2,8 @@
 
 A Service's revision template says what its next pod requests (the same conversion as for
 pods), its priority (`kdrl.dev/priority`), whether its author opted out of prewarming
-(`kdrl.dev/prewarm: "false"`), its own `min-scale`, and its concurrency target. The observed
+(`kdrl.dev/prewarm: "false"`; a value other than true or false is logged once per function
+and read as the default, true), its own `min-scale` and its `max-scale`. The observed
 cold starts (pod creation to Ready, from the ApiServerSource events) replace the default
 estimate once there are some.
 
@@ -75,10 +76,28 @@ def function_state(
         if observed_cold_starts_s
         else DEFAULT_COLD_START_S,
         pod=pod,
-        prewarm_allowed=str(annotations.get(PREWARM_ANNOTATION, "true")).strip().lower() != "false",
+        prewarm_allowed=prewarm_allowed(function, annotations),
         author_min_scale=author_min_scale(annotations),
         max_scale=_max_scale(annotations),
     )
+
+
+_warned_prewarm: set[tuple[str, str]] = set()  # (function, value): each unknown value logged once
+
+
+def prewarm_allowed(function: str, annotations: Mapping[str, str]) -> bool:
+    """`kdrl.dev/prewarm`: "false" opts out, "true" or absent opts in; anything else is the
+    default (in), with one warning per function and value, since the author meant something."""
+    value = str(annotations.get(PREWARM_ANNOTATION, "true")).strip().lower()
+    if value not in ("true", "false") and (function, value) not in _warned_prewarm:
+        _warned_prewarm.add((function, value))
+        logger.warning(
+            "service %s: %s=%r is neither true nor false; prewarming stays allowed",
+            function,
+            PREWARM_ANNOTATION,
+            value,
+        )
+    return value != "false"
 
 
 def routed_revisions(service: Obj) -> list[str]:

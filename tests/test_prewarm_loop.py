@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -106,6 +107,20 @@ def loop(env: dict[str, Any], *, shadow: bool = False) -> PrewarmLoop:
         clock=lambda: NOW,
         interval_s=0.01,
     )
+
+
+def test_an_unknown_prewarm_value_is_logged_once_and_read_as_allowed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    odd = knative_service(**{"kdrl.dev/prewarm": "maybe"})
+    with caplog.at_level(logging.WARNING, logger="plugin.functions"):
+        first, again = function_state(odd), function_state(odd)
+    assert first is not None and again is not None and first.prewarm_allowed and again.prewarm_allowed
+    warnings = [r for r in caplog.records if "kdrl.dev/prewarm" in r.getMessage()]
+    assert len(warnings) == 1 and "'maybe'" in warnings[0].getMessage()
+    for value, allowed in (("False", False), (" TRUE ", True)):
+        state = function_state(knative_service(**{"kdrl.dev/prewarm": value}))
+        assert state is not None and state.prewarm_allowed is allowed
 
 
 def min_scale(fake: FakeKube) -> str | None:
