@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from policies import onnx_policy
-from policies.objectives import Objectives, ObjectiveWeights, composite
-from simulator import compare, evaluation, traces
+from policies.objectives import ObjectiveWeights, composite
+from simulator import compare, evaluation
 from simulator.evaluation import Case
 from simulator.traces import TRAIN_MINUTES
 
@@ -49,17 +49,6 @@ def cases() -> list[Case]:
     ]
 
 
-def _run(job: tuple[Path, Case, str, str]) -> tuple[Case, str, Objectives]:
-    trace_path, case, policy, model = job
-    chosen = (
-        evaluation.placement(policy, seed=case.seed, model=Path(model))
-        if model
-        else evaluation.placement(policy, seed=case.seed)
-    )
-    outcome = evaluation.run(traces.load(trace_path), case, chosen)
-    return case, model or policy, outcome["objectives"]
-
-
 @dataclass(frozen=True)
 class Row:
     model: str
@@ -71,10 +60,15 @@ class Row:
 
 
 def screen(models: Sequence[Path], trace: Path, workers: int) -> list[Row]:
-    jobs = [(trace, case, name, "") for case in cases() for name in BASELINES]
-    jobs += [(trace, case, "onnx", str(model)) for case in cases() for model in models]
+    unused = onnx_policy.DEFAULT_MODEL  # a heuristic's job carries a model it does not open
+    labelled = [(name, (trace, case, name, unused)) for case in cases() for name in BASELINES]
+    labelled += [(str(model), (trace, case, "onnx", model)) for case in cases() for model in models]
+    jobs = [job for _, job in labelled]
     with ProcessPoolExecutor(max_workers=min(workers or os.cpu_count() or 1, len(jobs))) as pool:
-        runs = {(case, label): objectives for case, label, objectives in pool.map(_run, jobs)}
+        runs = {
+            (case, label): outcome["objectives"]
+            for (label, _), (case, _, outcome) in zip(labelled, pool.map(evaluation.run_job, jobs))
+        }
     weights = ObjectiveWeights()
     rows: list[Row] = []
     for label in [*BASELINES[1:], *map(str, models)]:

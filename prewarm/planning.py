@@ -225,7 +225,7 @@ def _evaluate(
     # anyway, and left rarely invoked ones cold (docs/prewarm.md).
     replicas = max(1, state.author_min_scale)
     if state.max_scale > 0:  # Knative would not run more: holding them warm is memory for nothing
-        replicas = max(min(replicas, state.max_scale), min(state.author_min_scale, state.max_scale))
+        replicas = min(replicas, state.max_scale)
     benefit = probability * state.cold_start_s * config.cold_start_value_per_s.get(state.priority, 0.0)
     reason = Reason(
         probability=probability,

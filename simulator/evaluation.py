@@ -127,7 +127,8 @@ def objectives_of(result: engine.RunResult, seconds: float) -> Objectives:
     )
 
 
-def _job(args: tuple[Path, Case, str, Path]) -> tuple[Case, str, dict[str, Any]]:
+def run_job(args: tuple[Path, Case, str, Path]) -> tuple[Case, str, dict[str, Any]]:
+    """One case under one policy (`model`: the onnx policy's file), in a worker process."""
     trace_path, case, name, model = args
     trace = traces.load(trace_path)
     return case, name, run(trace, case, placement(name, seed=case.seed, model=model))
@@ -163,7 +164,7 @@ def evaluate(
     jobs = [(trace_path, case, name, model) for case in cases for name in names]
     runs: dict[tuple[Case, str], dict[str, Any]] = {}
     with ProcessPoolExecutor(max_workers=min(workers or os.cpu_count() or 1, len(jobs))) as pool:
-        for case, name, outcome in pool.map(_job, jobs):
+        for case, name, outcome in pool.map(run_job, jobs):
             runs[case, name] = outcome
             progress(f"{case.cluster} seed {case.seed}: {name}")
     entries = []
