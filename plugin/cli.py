@@ -105,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--seed", type=int, default=1)
     simulate.add_argument(
+        "--warmup-minutes",
+        type=int,
+        default=compare.Options.warmup_minutes,
+        help="cluster mode: minutes run but not counted, past the start from zero (default: %(default)s)",
+    )
+    simulate.add_argument(
         "--out", type=Path, default=Path("out/simulate"), help="folder for report.json and plots"
     )
     simulate.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -234,6 +240,7 @@ def _simulate(args: argparse.Namespace) -> int:
         placements=tuple(filter(None, args.placement.split(","))),
         keepalives=tuple(filter(None, args.keepalive.split(","))),
         seed=args.seed,
+        warmup_minutes=args.warmup_minutes,
     )
     try:
         options.validate()

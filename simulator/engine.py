@@ -18,10 +18,11 @@ reported apart (`RunResult.decision_us`).
 
 from __future__ import annotations
 
+import copy
 import heapq
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
@@ -123,6 +124,10 @@ class RunResult:
     invocations: IntArray  # per function
     cold_starts: IntArray  # per function: requests that found no ready pod
     wasted_mb_s: FloatArray  # per function: memory of idle ready pods over time
+    # per function: the part of `wasted_mb_s` that keeps a node up, i.e. costs node-hours (idle
+    # pods alone on a node the pool could release without them); the rest sits in room that
+    # nodes kept up by busy pods have anyway, and costs idle power only
+    paid_wasted_mb_s: FloatArray
     latency_hist: dict[Priority, FloatArray]  # start-delay histograms of cold requests per class
     # The start delay of each cold request that a pod served, in two parts: waiting for a node
     # with room (capacity), and the rest (scheduling, image pull, container start, runtime init).
@@ -175,10 +180,14 @@ class Simulation:
         startup: StartupConfig | None = None,
         new_revisions: bool = False,
         prewarmer: Prewarmer | None = None,
+        warmup_minutes: int = 0,
     ) -> None:
         """`new_revisions`: the revisions are created as the run starts, each with its
         `initial_scale` pods; otherwise they exist already, scaled to zero (a day's trace).
-        `prewarmer`: raises `min-scale` and pre-pulls images each minute, on top of `keepalive`."""
+        `prewarmer`: raises `min-scale` and pre-pulls images each minute, on top of `keepalive`.
+        `warmup_minutes`: run but not counted in the result (its invocations, cold starts, waits,
+        memory, cost, energy, pulls, series, meters): a run starts with every revision at zero and
+        every image cache empty at once, a burst of cold starts and pulls no running cluster sees."""
         self.workload, self.counts, self.placement = workload, counts, placement
         self.startup = startup or StartupConfig()
         self.rng = np.random.default_rng(seed)
@@ -230,6 +239,7 @@ class Simulation:
             invocations=counts.sum(axis=1),
             cold_starts=np.zeros(n, dtype=np.int64),
             wasted_mb_s=np.zeros(n),
+            paid_wasted_mb_s=np.zeros(n),
             latency_hist={p: np.zeros(LATENCY_BINS) for p in priorities},
             startup_hist=np.zeros(LATENCY_BINS),
             capacity_hist=np.zeros(LATENCY_BINS),
@@ -243,6 +253,8 @@ class Simulation:
             series={"minute": [], "nodes": [], "cpu_allocation": [], "memory_allocation": [], "watts": []},
         )
         self.new_revisions = new_revisions
+        self.warmup_minutes = warmup_minutes
+        self._uncounted: tuple[RunResult, IntArray] | None = None  # the result at the warm-up's end
 
     def run(self) -> RunResult:
         """The whole run, each pod placed where the placement policy scores highest."""
@@ -257,6 +269,8 @@ class Simulation:
                     yield from self._create_pod(function, 0.0)
         minutes = self.counts.shape[1]
         for minute in range(minutes):
+            if minute == self.warmup_minutes > 0:
+                self._uncounted = copy.deepcopy(self.result), self.warm_by_class.copy()
             if self.prewarmer is not None:
                 self._prewarm(minute)
             arrivals = self._arrivals(minute)
@@ -511,11 +525,36 @@ class Simulation:
             weights = sum(PRIORITY_WEIGHT[self.functions[f].priority] for f in self.pending)
             self.result.meters.weighted_capacity_s += weights * METRICS_EVERY_S
         nodes.scale_down(now)
+        self._meter_paid_idle()
         self.result.energy_j += nodes.watts(now) * METRICS_EVERY_S
         self.result.cost_usd += float(nodes.price[nodes.alive].sum()) * METRICS_EVERY_S / 3600.0
         alive = nodes.alive
         share = nodes.cpu_requested[alive].sum() / max(int(nodes.cpu_allocatable[alive].sum()), 1)
         self.result.meters.utilization_s += float(share) * METRICS_EVERY_S
+
+    def _meter_paid_idle(self) -> None:
+        """Idle memory that holds a node up, over the last METRICS_EVERY_S. A function's busy pods
+        are taken to be its oldest ready ones (which of them is busy is not modelled); a node
+        with a busy or starting pod stays up whatever else it holds."""
+        busy = np.minimum(self.ready, np.ceil(np.round(self.inflight / self.targets, 9))).astype(np.int64)
+        needed = np.zeros(len(self.nodes.alive), dtype=np.bool_)
+        idle_on: dict[int, list[int]] = {}
+        for function in np.flatnonzero(self.current).tolist():
+            left = int(busy[function])
+            for pod_id in self.by_function[function]:
+                pod = self.pods[pod_id]
+                if pod.ready and left == 0:
+                    idle_on.setdefault(pod.node, []).append(function)
+                else:
+                    needed[pod.node] = True
+                    left -= int(pod.ready)
+        idle_only = np.zeros_like(needed)
+        idle_only[list(idle_on)] = True
+        share = self.nodes.release_share(idle_only & ~needed)
+        for node, functions in idle_on.items():
+            if share[node] > 0:
+                paid = self.memory_mb[functions] * share[node] * METRICS_EVERY_S
+                np.add.at(self.result.paid_wasted_mb_s, functions, paid)
 
     def _record_minute(self, minute: int) -> None:
         nodes, series = self.nodes, self.result.series
@@ -535,8 +574,27 @@ class Simulation:
         for function, waiting in enumerate(self.buffered):
             if waiting:
                 self._release_buffered(function, end, None)
+        if self._uncounted is not None:
+            self._leave_out_warmup(*self._uncounted)
         for priority, count in zip(Priority, self.warm_by_class.tolist()):
             self.result.warm_requests[priority] = count
+
+    def _leave_out_warmup(self, before: RunResult, warm_before: IntArray) -> None:
+        """What the result holds less what it held when the warm-up ended."""
+        result = self.result
+        result.invocations = self.counts[:, self.warmup_minutes :].sum(axis=1)
+        for name in ("cold_starts", "wasted_mb_s", "paid_wasted_mb_s", "startup_hist", "capacity_hist"):
+            setattr(result, name, getattr(result, name) - getattr(before, name))
+        for name in ("pulls", "prepulls", "pods_started", "energy_j", "cost_usd"):
+            setattr(result, name, getattr(result, name) - getattr(before, name))
+        for meter in fields(Meters):
+            value = getattr(result.meters, meter.name) - getattr(before.meters, meter.name)
+            setattr(result.meters, meter.name, value)
+        for priority in Priority:
+            result.latency_hist[priority] = result.latency_hist[priority] - before.latency_hist[priority]
+            result.timed_out[priority] -= before.timed_out[priority]
+        result.series = {name: values[self.warmup_minutes :] for name, values in result.series.items()}
+        self.warm_by_class = self.warm_by_class - warm_before
 
 
 def _bin(seconds: float) -> int:

@@ -305,6 +305,19 @@ class Nodes:
                 released.append(int(node))
         return released
 
+    def release_share(self, idle_only: npt.NDArray[np.bool_]) -> FloatArray:
+        """Per node, the share of the `idle_only` nodes (alive, holding idle pods alone) its pool
+        would release if those pods went: a pool keeps its minimum, and empty nodes go first."""
+        share = np.zeros(len(self.alive))
+        for pool_id, pool in enumerate(self.spec.pools):
+            members = self.alive & (self.pool == pool_id)
+            candidates = members & idle_only
+            count = int(candidates.sum())
+            if count:
+                spare = int(members.sum()) - pool.min - int((members & (self.pod_count == 0)).sum())
+                share[candidates] = min(max(spare, 0), count) / count
+        return share
+
     def watts(self, now: float) -> float:
         """Power draw of every node that exists, from its CPU allocation (utilization proxy)."""
         total = 0.0

@@ -257,3 +257,73 @@ def test_equal_scores_are_broken_at_random_as_kube_scheduler_does() -> None:
     ties = np.random.default_rng(3)
     picked = {engine.best_row(policy, decision, ties) for _ in range(60)}
     assert len(picked) >= 5 and all(feasible[row] for row in picked)  # every empty node ties
+
+
+def _one_node_cluster(tmp_path: Path, minimum: int) -> clusterspec.ClusterSpec:
+    spec = tmp_path / "one.yaml"
+    spec.write_text(
+        f"name: one\npools:\n  - {{name: a, count: 1, min: {minimum}, max: 1, cpu: 8, memory_gib: 32, "
+        "on_demand_per_hour: 0.38, spot_per_hour: 0.11, pull_mib_per_s: 40, "
+        "power: {model: linear, idle_watts: 100, max_watts: 250}}\n"
+    )
+    return clusterspec.load(str(spec))
+
+
+@pytest.mark.parametrize(
+    ("minimum", "busy_neighbour", "paid"), [(0, False, True), (1, False, False), (0, True, False)]
+)
+def test_idle_memory_is_paid_only_where_it_alone_keeps_a_node_up(
+    tmp_path: Path, minimum: int, busy_neighbour: bool, paid: bool
+) -> None:
+    # A function invoked once and then held warm 20 minutes, alone on the only node of a pool
+    # that may shrink to `minimum`, or beside a function with requests every second.
+    kept = one_function(service="default/kept")
+    functions = [kept.functions[0]]
+    minutes = 20
+    counts = np.zeros((1, minutes), dtype=np.int64)
+    counts[0, 0] = 1
+    if busy_neighbour:
+        functions.append(dataclasses.replace(functions[0], service="default/busy", image="busy:1"))
+        counts = np.vstack([counts, np.full((1, minutes), 1200)])
+    durations = np.repeat(kept.duration_ms, len(functions), axis=0)
+    workload = Workload(functions=tuple(functions), duration_ms=durations)
+    result = engine.Simulation(
+        workload=workload,
+        counts=counts,
+        cluster=_one_node_cluster(tmp_path, minimum),
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("fixed:20"),
+        seed=1,
+    ).run()
+    wasted, paid_s = result.wasted_mb_s[0], result.paid_wasted_mb_s[0]
+    assert wasted > 15 * 60 * 256  # idle for most of the 20 minutes
+    if paid:  # metered every 10 s, the total every second: the same to within a sample or two
+        assert abs(paid_s - wasted) <= 2 * engine.METRICS_EVERY_S * 256
+    else:
+        assert paid_s == 0.0
+
+
+def test_the_warmup_runs_but_is_not_counted() -> None:
+    # Cold at minute 0 (the start from zero) and again at minute 12, past Knative's idle time.
+    row = np.zeros((1, 20), dtype=np.int64)
+    row[0, [0, 12]] = 1
+
+    def run(warmup: int) -> engine.RunResult:
+        return engine.Simulation(
+            workload=one_function(),
+            counts=row,
+            cluster=clusterspec.load("small"),
+            placement=heuristics.kube_default(),
+            keepalive=keepalive.by_name("knative"),
+            seed=1,
+            warmup_minutes=warmup,
+        ).run()
+
+    whole, counted = run(0), run(5)
+    assert (whole.invocations[0], whole.cold_starts[0]) == (2, 2)
+    assert (counted.invocations[0], counted.cold_starts[0]) == (1, 1)
+    assert counted.startup_hist.sum() == 1 and counted.latency_hist[Priority.HIGH].sum() == 1
+    assert len(counted.series["minute"]) == 15 and counted.series["minute"][0] == 5.0
+    # The first pull (minute 0) is the warm-up's; its node kept the image for minute 12.
+    assert (whole.pulls, counted.pulls) == (1, 0)
+    assert 0 < counted.cost_usd < whole.cost_usd and 0 < counted.energy_j < whole.energy_j

@@ -134,6 +134,8 @@ def test_bad_cluster_file_names_file_line_and_field(
         (["--keepalive", "forever"], "unknown keep-alive"),
         (["--placement", "magic"], "unknown placement"),
         (["--hours", "30"], "--hours 30.0"),
+        (["--warmup-minutes", "60"], "--warmup-minutes 60"),  # QUICK runs one hour
+        (["--warmup-minutes", "-1"], "--warmup-minutes -1"),
     ],
 )
 def test_bad_flags_exit_2(
