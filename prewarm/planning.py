@@ -168,7 +168,7 @@ def plan(
         else:
             spent += need
             warm.append((replace(entry, reason=reason), state))
-    pulls = _pulls(warm, nodes, budget, policy, config)
+    pulls = _pulls(candidates, nodes, budget, policy, config)
     return PrewarmPlan(
         now_minute=now_minute,
         warm=tuple(e for e, _ in warm),
@@ -249,19 +249,21 @@ def _priced(reason: Reason, need_bytes: int, *, paid: bool, config: PlannerSetti
 
 
 def _pulls(
-    warm: Sequence[tuple[WarmEntry, FunctionState]],
+    ranked: Sequence[tuple[WarmEntry, FunctionState]],
     nodes: NodeTable,
     budget: Budget,
     policy: PlacementPolicy,
     config: PlannerSettings,
 ) -> tuple[PullEntry, ...]:
-    """Pre-pull each warm function's image onto the nodes its next pods would go to.
+    """Pre-pull the images of the functions most worth warming, warmed or not, onto the nodes
+    their next pods would go to: a pulled image is partial warmth, bought with disk instead of
+    memory, and a function the budget left cold is the one whose next request waits for a pull.
 
     Only for functions with no pod in the cluster: their next pod is a start from zero, whose
     request waits for the pull; a running function's image is already where its pods are."""
     pulls: list[PullEntry] = []
     running = nodes.cluster.function_index
-    for entry, state in warm:  # already in value order
+    for entry, state in ranked:  # in value order
         if len(pulls) >= budget.pulls_per_minute or not len(nodes):
             break
         image = state.pod.images[0] if state.pod.images else ""

@@ -162,6 +162,18 @@ def test_pulls_go_to_the_policys_top_nodes_that_lack_the_image() -> None:
     assert [(p.node, p.image) for p in result.pulls] == [("empty-a", IMAGE)]
 
 
+def test_a_function_the_budget_leaves_cold_still_gets_its_image_pulled() -> None:
+    # No memory to warm it: its next request starts cold, but need not wait for the pull.
+    result = run(
+        [forecast("ns/a", probability=0.9)],
+        [state("ns/a")],
+        budget=Budget(warm_memory_bytes=0, pulls_per_minute=10),
+        prepull_nodes=2,
+    )
+    assert result.warm == () and ("ns/a", "warm-memory budget exhausted") in result.skipped
+    assert [(p.function, p.node) for p in result.pulls] == [("ns/a", "empty-a")]
+
+
 def test_pulls_respect_the_rate_limit() -> None:
     forecasts = [forecast(f"ns/f{i}", probability=0.9) for i in range(5)]
     result = run(
