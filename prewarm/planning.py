@@ -4,15 +4,16 @@ Pure: no clock (the caller passes `now_minute`), no I/O. For each function it we
 expected benefit of a warm replica until the next plan, P(invoked within the lookahead) x the
 cold start it avoids x its priority's value (`batch` the least: it gets what the others leave),
 against its cost: idle memory-time at idle power, plus the node's price unless it fits free
-memory on nodes that stay up anyway. One memory budget serves all functions, spent highest
-benefit per byte first (a Lagrangian knapsack solved greedily each cycle: every function's
-memory is weighed at the price of the last one taken), capped at the operator's GiB budget and
-at a share of what the hybrid histogram would hold now. The replicas it holds expire after the
-window unless a later plan renews them; a function whose author opted out
-(`kdrl.dev/prewarm: "false"`) is left alone. Every entry says why (probability, window,
-benefit, cost, the function's idle-time class, whether it pays node-hours), which is what spans
-and the shadow mode show. Image pre-pulls go to the top-k nodes the active placement policy
-would choose for the function's next pod, where the image is missing.
+memory (and, for a GPU function, a free GPU) on nodes that stay up anyway. One memory budget
+serves all functions, spent highest benefit per byte first (a Lagrangian knapsack solved
+greedily each cycle: every function's memory is weighed at the price of the last one taken),
+capped at the operator's GiB budget and at a share of what the hybrid histogram would hold now.
+The replicas it holds expire after the window unless a later plan renews them; a function whose
+author opted out (`kdrl.dev/prewarm: "false"`) is left alone. Every entry says why
+(probability, window, benefit, cost, the function's idle-time class, whether it pays
+node-hours), which is what spans and the shadow mode show. Image pre-pulls go to the top-k
+nodes the active placement policy would choose for the function's next pod, where the image is
+missing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import numpy.typing as npt
 
 from forecaster import idletimes
 from forecaster.forecasting import Forecast
@@ -55,6 +57,9 @@ class PlannerSettings:
     # $0.15/kWh is ~4e-8 $/GiB-s. Both are settings: operators know their own prices.
     memory_price_per_gib_s: float = 3.3e-6
     idle_power_price_per_gib_s: float = 4.0e-8
+    # A GPU held idle keeps a GPU node up: its price per GPU is read from the nodes' price labels
+    # (the median over GPU nodes), else this, a single-GPU inference node's on-demand price.
+    gpu_price_per_hour: float = 1.0
     prepull_nodes: int = 2  # top-k placement choices to pull an image onto
     # Spend no more memory each cycle than this share of what the hybrid histogram would hold
     # now (on top of the budget's own cap; None: no such cap): the published policy's memory,
@@ -94,7 +99,7 @@ class Reason:
     benefit_usd: float
     cost_usd: float
     pattern: str = idletimes.Pattern.NEW.value  # the function's idle-time class
-    paid: bool = True  # charged node-hours (False: it fits memory that stays up anyway)
+    paid: bool = True  # charged node-hours (False: it fits memory and GPUs that stay up anyway)
 
 
 @dataclass(frozen=True)
@@ -156,17 +161,25 @@ def plan(
     candidates.sort(
         key=lambda c: (-c[0].reason.benefit_usd / (c[0].replicas * c[1].memory_bytes), c[1].function)
     )
-    free = free_memory(nodes, config.scale_down_utilization)
-    warm, spent = [], 0
+    free, free_gpus = free_memory(nodes, config.scale_down_utilization), free_gpu(nodes, config)
+    gpu_price_per_s = _gpu_price_per_s(nodes, config) if any(s.pod.gpu for _, s in candidates) else 0.0
+    warm, spent, spent_gpus = [], 0, 0
     for entry, state in candidates:
-        need = entry.replicas * state.memory_bytes
-        reason = _priced(entry.reason, need, paid=spent + need > free, config=config)
+        need, need_gpus = entry.replicas * state.memory_bytes, entry.replicas * state.pod.gpu
+        reason = _priced(
+            entry.reason,
+            need,
+            paid=spent + need > free,
+            paid_gpus=need_gpus if spent_gpus + need_gpus > free_gpus else 0,
+            gpu_price_per_s=gpu_price_per_s,
+            config=config,
+        )
         if reason.benefit_usd <= reason.cost_usd:
             skipped.append((entry.function, "cost exceeds benefit"))
         elif spent + need > budget.warm_memory_bytes or spent >= target:
             skipped.append((entry.function, "warm-memory budget exhausted"))
         else:
-            spent += need
+            spent, spent_gpus = spent + need, spent_gpus + need_gpus
             warm.append((replace(entry, reason=reason), state))
     pulls = _pulls(candidates, nodes, budget, policy, config)
     return PrewarmPlan(
@@ -189,14 +202,30 @@ def hybrid_memory(forecasts: Mapping[str, Forecast], states: Mapping[str, Functi
 
 def free_memory(nodes: NodeTable, scale_down_utilization: float) -> int:
     """Unrequested memory on schedulable nodes busy enough to stay up for the window."""
-    if not len(nodes):
-        return 0
+    stays = _staying(nodes, scale_down_utilization)
+    return int(np.clip(nodes.memory_allocatable - nodes.memory_requested, 0, None)[stays].sum())
+
+
+def free_gpu(nodes: NodeTable, config: PlannerSettings) -> int:
+    """Unrequested GPUs on schedulable nodes busy enough to stay up for the window."""
+    stays = _staying(nodes, config.scale_down_utilization)
+    return int(np.clip(nodes.gpu_allocatable - nodes.gpu_requested, 0, None)[stays].sum())
+
+
+def _staying(nodes: NodeTable, scale_down_utilization: float) -> npt.NDArray[np.bool_]:
     share = np.maximum(
         nodes.cpu_requested / np.maximum(nodes.cpu_allocatable, 1),
         nodes.memory_requested / np.maximum(nodes.memory_allocatable, 1),
     )
-    stays = (share > scale_down_utilization) & ~nodes.unschedulable
-    return int(np.clip(nodes.memory_allocatable - nodes.memory_requested, 0, None)[stays].sum())
+    return np.asarray((share > scale_down_utilization) & ~nodes.unschedulable, dtype=np.bool_)
+
+
+def _gpu_price_per_s(nodes: NodeTable, config: PlannerSettings) -> float:
+    gpus = nodes.gpu_allocatable > 0
+    price = nodes.cluster.economics.price_per_hour[nodes.origin]
+    per_gpu = price[gpus] / nodes.gpu_allocatable[gpus]
+    known = per_gpu[per_gpu > 0]
+    return float(np.median(known) if known.size else config.gpu_price_per_hour) / 3600.0
 
 
 def _excluded(state: FunctionState | None, forecast: Forecast, config: PlannerSettings) -> str:
@@ -231,7 +260,7 @@ def _evaluate(
         probability=probability,
         window_minutes=window,
         benefit_usd=benefit,
-        cost_usd=0.0,  # priced in order (`_priced`): it depends on what fits free memory
+        cost_usd=0.0,  # priced in order (`_priced`): it depends on what fits free memory and GPUs
         pattern=forecast.pattern.value,
     )
     return WarmEntry(
@@ -239,13 +268,23 @@ def _evaluate(
     )
 
 
-def _priced(reason: Reason, need_bytes: int, *, paid: bool, config: PlannerSettings) -> Reason:
-    """The expected cost of holding `need_bytes` until the next plan: they sit idle unless
-    invoked (a conservative proxy: an invoked replica counts as busy all that time), at idle
-    power, plus the node's price where they would keep a node up."""
-    idle_gib_s = need_bytes / GiB * config.lookahead_minutes * 60 * (1.0 - min(reason.probability, 1.0))
+def _priced(
+    reason: Reason,
+    need_bytes: int,
+    *,
+    paid: bool,
+    paid_gpus: int,
+    gpu_price_per_s: float,
+    config: PlannerSettings,
+) -> Reason:
+    """The expected cost of holding `need_bytes` (and `paid_gpus` GPUs no node that stays up has
+    free) until the next plan: they sit idle unless invoked (a conservative proxy: an invoked
+    replica counts as busy all that time), at idle power, plus the node's price where they would
+    keep a node up."""
+    idle_s = config.lookahead_minutes * 60 * (1.0 - min(reason.probability, 1.0))
     price = config.idle_power_price_per_gib_s + (config.memory_price_per_gib_s if paid else 0.0)
-    return replace(reason, cost_usd=idle_gib_s * price, paid=paid)
+    cost = idle_s * (need_bytes / GiB * price + paid_gpus * gpu_price_per_s)
+    return replace(reason, cost_usd=cost, paid=paid or paid_gpus > 0)
 
 
 def _pulls(

@@ -10,7 +10,15 @@ import pytest
 from forecaster.forecasting import Forecast
 from policies import heuristics
 from policies.types import Node, NodeTable, PodRequest, Priority
-from prewarm.planning import Budget, FunctionState, PlannerSettings, free_memory, hybrid_memory, plan
+from prewarm.planning import (
+    Budget,
+    FunctionState,
+    PlannerSettings,
+    free_gpu,
+    free_memory,
+    hybrid_memory,
+    plan,
+)
 
 GiB = 1 << 30
 NOW = 1_000
@@ -229,3 +237,41 @@ def test_free_memory_on_nodes_that_stay_up_costs_only_power() -> None:
     assert [w.reason.paid for w in result.warm] == [False, False, False, False, True]
     unpaid, paid = result.warm[3].reason, result.warm[4].reason
     assert paid.cost_usd > 10 * unpaid.cost_usd
+
+
+@pytest.mark.parametrize(
+    ("busy_gpus", "warmed", "paid"),
+    [(0, ["ns/crit", "ns/normal"], [False, False]), (1, ["ns/crit"], [False]), (2, ["ns/crit"], [True])],
+)
+def test_a_gpu_replica_pays_a_gpu_nodes_price_unless_a_node_that_stays_up_has_one_free(
+    busy_gpus: int, warmed: list[str], paid: list[bool]
+) -> None:
+    # Two 2-GPU nodes at $4/h: `busy` stays up (it runs pods) with 2 - busy_gpus GPUs free,
+    # `idle` would scale down. Two GPU functions as likely as each other, one critical.
+    labels = {"kdrl.dev/hourly-price": "4"}
+    gpu_node = {
+        "cpu_allocatable": 8000,
+        "memory_allocatable": 64 * GiB,
+        "gpu_allocatable": 2,
+        "labels": labels,
+    }
+    nodes = NodeTable.from_nodes(
+        [
+            Node(name="busy", gpu_requested=busy_gpus, memory_requested=40 * GiB, **gpu_node),  # type: ignore[arg-type]
+            Node(name="idle", **gpu_node),  # type: ignore[arg-type]
+        ]
+    )
+    settings = PlannerSettings(hybrid_memory_share=None, scale_down_utilization=0.5)
+    assert free_gpu(nodes, settings) == 2 - busy_gpus
+    gpu_pod = dataclasses.replace(state("x").pod, gpu=1)
+    states = {
+        "ns/crit": state("ns/crit", Priority.CRITICAL, pod=gpu_pod),
+        "ns/normal": state("ns/normal", Priority.NORMAL, pod=gpu_pod),
+    }
+    forecasts = {f: forecast(f, probability=0.8) for f in states}
+    result = plan(NOW, forecasts, states, nodes, PLENTY, policy=heuristics.kube_default(), settings=settings)
+    # A free GPU on `busy` costs power only. Another would keep `idle` up at $2 per GPU-hour for
+    # the fifth of three minutes the replica idles ($0.02): worth it to the critical function
+    # (0.8 x 8 s x $0.01 = $0.064 of benefit), not to the normal one ($0.0064).
+    assert [w.function for w in result.warm] == warmed
+    assert [w.reason.paid for w in result.warm] == paid
