@@ -53,7 +53,7 @@ class Options:
             raise ValueError(f"--population {self.population!r}: expected heavy or light")
         if not 0 < self.hours <= 24:
             raise ValueError(f"--hours {self.hours}: expected 0 < hours <= 24 (one trace day)")
-        if not 0 <= self.warmup_minutes < self.hours * 60:
+        if self.warmup_minutes < 0 or (self.mode == "cluster" and self.warmup_minutes >= self.hours * 60):
             raise ValueError(f"--warmup-minutes {self.warmup_minutes}: expected 0 <= minutes < the run's")
         if self.functions is not None and self.functions <= 0:
             raise ValueError(f"--functions {self.functions}: expected a positive number")

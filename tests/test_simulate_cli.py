@@ -119,6 +119,25 @@ def test_keepalive_mode_reports_per_population(tmp_path: Path, capsys: pytest.Ca
     assert "fixed:60" in capsys.readouterr().out
 
 
+def test_the_warmup_applies_to_cluster_mode_only(tmp_path: Path) -> None:
+    # Six minutes of SitW's study: shorter than the default warm-up, which has no meaning there.
+    args = [
+        "simulate",
+        "--mode",
+        "keepalive",
+        "--hours",
+        "0.1",
+        "--keepalive",
+        "fixed:5",
+        "--out",
+        str(tmp_path),
+    ]
+    assert cli.main(args) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    counted = sum(report["per_function"]["invocations"])
+    assert counted > 0 and {e["invocations"] for e in report["results"]} == {counted}
+
+
 def test_bad_cluster_file_names_file_line_and_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
