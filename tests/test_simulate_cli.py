@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,18 +101,14 @@ def test_the_prewarm_planner_runs_with_and_without_pre_pulls(
     assert by_name["prewarm"]["cold_starts"] < by_name["knative"]["cold_starts"]
 
 
+def _study(tmp_path: Path, *flags: str) -> dict[str, Any]:
+    assert cli.main(["simulate", "--mode", "keepalive", *flags, "--out", str(tmp_path)]) == 0
+    report: dict[str, Any] = json.loads((tmp_path / "report.json").read_text())
+    return report
+
+
 def test_keepalive_mode_reports_per_population(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = [
-        "simulate",
-        "--mode",
-        "keepalive",
-        "--keepalive",
-        "fixed:5,fixed:60,hybrid",
-        "--out",
-        str(tmp_path),
-    ]
-    assert cli.main(args) == 0
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = _study(tmp_path, "--keepalive", "fixed:5,fixed:60,hybrid")
     by_name = {e["keepalive"]: e for e in report["results"]}
     assert set(by_name) == {"fixed:5", "fixed:60", "hybrid", "fixed:10"}
     assert set(by_name["hybrid"]["populations"]) == {"heavy", "light"}
@@ -121,19 +118,7 @@ def test_keepalive_mode_reports_per_population(tmp_path: Path, capsys: pytest.Ca
 
 def test_the_warmup_applies_to_cluster_mode_only(tmp_path: Path) -> None:
     # Six minutes of SitW's study: shorter than the default warm-up, which has no meaning there.
-    args = [
-        "simulate",
-        "--mode",
-        "keepalive",
-        "--hours",
-        "0.1",
-        "--keepalive",
-        "fixed:5",
-        "--out",
-        str(tmp_path),
-    ]
-    assert cli.main(args) == 0
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = _study(tmp_path, "--hours", "0.1", "--keepalive", "fixed:5")
     counted = sum(report["per_function"]["invocations"])
     assert counted > 0 and {e["invocations"] for e in report["results"]} == {counted}
 
