@@ -161,7 +161,8 @@ def plan(
     candidates.sort(
         key=lambda c: (-c[0].reason.benefit_usd / (c[0].replicas * c[1].memory_bytes), c[1].function)
     )
-    free, free_gpus = free_memory(nodes, config.scale_down_utilization), free_gpu(nodes, config)
+    free = free_memory(nodes, config.scale_down_utilization)
+    free_gpus = free_gpu(nodes, config.scale_down_utilization)
     gpu_price_per_s = _gpu_price_per_s(nodes, config) if any(s.pod.gpu for _, s in candidates) else 0.0
     warm, spent, spent_gpus = [], 0, 0
     for entry, state in candidates:
@@ -206,9 +207,9 @@ def free_memory(nodes: NodeTable, scale_down_utilization: float) -> int:
     return int(np.clip(nodes.memory_allocatable - nodes.memory_requested, 0, None)[stays].sum())
 
 
-def free_gpu(nodes: NodeTable, config: PlannerSettings) -> int:
+def free_gpu(nodes: NodeTable, scale_down_utilization: float) -> int:
     """Unrequested GPUs on schedulable nodes busy enough to stay up for the window."""
-    stays = _staying(nodes, config.scale_down_utilization)
+    stays = _staying(nodes, scale_down_utilization)
     return int(np.clip(nodes.gpu_allocatable - nodes.gpu_requested, 0, None)[stays].sum())
 
 

@@ -262,7 +262,7 @@ def test_a_gpu_replica_pays_a_gpu_nodes_price_unless_a_node_that_stays_up_has_on
         ]
     )
     settings = PlannerSettings(hybrid_memory_share=None, scale_down_utilization=0.5)
-    assert free_gpu(nodes, settings) == 2 - busy_gpus
+    assert free_gpu(nodes, scale_down_utilization=0.5) == 2 - busy_gpus
     gpu_pod = dataclasses.replace(state("x").pod, gpu=1)
     states = {
         "ns/crit": state("ns/crit", Priority.CRITICAL, pod=gpu_pod),
