@@ -188,6 +188,7 @@ def _prewarming(app: web.Application, api: ApiClient, settings: Settings, watch:
             window_minutes=config.window_minutes,
             hybrid_memory_share=config.hybrid_memory_share or None,
             scale_down_utilization=config.scale_down_utilization,
+            gpu_price_per_hour=config.gpu_price_per_hour,
         ),
         emitter=Emitter(config.sink) if config.sink else None,
         forecast_context=lambda: forecasts.context,

@@ -317,6 +317,13 @@ class PrewarmSettings:
         "of a node above it costs idle power only, elsewhere node-hours too.",
         check=_not_negative,
     )
+    gpu_price_per_hour: float = _setting(
+        1.0,
+        "KDRL_PREWARM_GPU_PRICE_PER_HOUR",
+        "What a GPU costs an hour where GPU nodes carry no kdrl.dev/hourly-price label: a warm GPU "
+        "replica pays it while idle unless a node that stays up has a GPU free.",
+        check=_not_negative,
+    )
     namespace: str = _setting(
         kube.PLUGIN_NAMESPACE,
         "KDRL_NAMESPACE",
