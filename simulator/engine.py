@@ -79,6 +79,27 @@ class _Pod:
     ready: bool = False
 
 
+class _PodColumns:
+    """Every pod's function, node and state as arrays in creation order, beside `_Pod`, so that
+    the paid-idle meter reads them vectorised every 10 s instead of walking the pods."""
+
+    GONE, STARTING, READY = 0, 1, 2
+
+    def __init__(self) -> None:
+        self.function = np.zeros(256, dtype=np.int64)
+        self.node = np.zeros(256, dtype=np.int64)
+        self.state = np.zeros(256, dtype=np.int8)
+        self.size = 0
+
+    def add(self, function: int, node: int) -> None:
+        if self.size == len(self.state):
+            self.function, self.node, self.state = (
+                np.concatenate([a, np.zeros_like(a)]) for a in (self.function, self.node, self.state)
+            )
+        self.function[self.size], self.node[self.size], self.state[self.size] = function, node, self.STARTING
+        self.size += 1
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """One pod to place: the ready nodes, which of them can run it (the shared filter), when."""
@@ -203,6 +224,7 @@ class Simulation:
         for node in range(len(self.nodes.caches)):
             self.nodes.image_ready(node, QUEUE_PROXY_IMAGE, QUEUE_PROXY_BYTES, -1e12)
         self.pods: list[_Pod] = []
+        self.pod_columns = _PodColumns()
         self.by_function: list[list[int]] = [[] for _ in range(n)]
         self.ready = np.zeros(n, dtype=np.int64)
         self.current = np.zeros(n, dtype=np.int64)
@@ -427,6 +449,7 @@ class Simulation:
             )
         )
         pod_id = len(self.pods) - 1
+        self.pod_columns.add(function, node)
         self.by_function[function].append(pod_id)
         heapq.heappush(self.starting, (ready_at, pod_id))
         self.result.pods_started += 1
@@ -469,6 +492,7 @@ class Simulation:
         pods.remove(pod_id)
         pod = self.pods[pod_id]
         pod.alive = False
+        self.pod_columns.state[pod_id] = _PodColumns.GONE
         if pod.ready:
             self.ready[function] -= 1
         self.nodes.remove_pod(pod.node, self.requests[function], now)
@@ -481,6 +505,7 @@ class Simulation:
             if not pod.alive:
                 continue
             pod.ready = True
+            self.pod_columns.state[pod_id] = _PodColumns.READY
             self.ready[pod.function] += 1
             self._release_buffered(pod.function, ready_at, pod)
 
@@ -536,25 +561,29 @@ class Simulation:
         """Idle memory that holds a node up, over the last METRICS_EVERY_S. A function's busy pods
         are taken to be its oldest ready ones (which of them is busy is not modelled); a node
         with a busy or starting pod stays up whatever else it holds."""
-        busy = np.minimum(self.ready, np.ceil(np.round(self.inflight / self.targets, 9))).astype(np.int64)
+        columns = self.pod_columns
+        pods = np.flatnonzero(columns.state[: columns.size])  # alive, in creation order
+        if not pods.size:
+            return
+        function, node = columns.function[pods], columns.node[pods]
+        ready = columns.state[pods] == _PodColumns.READY
+        busy = np.ceil(np.round(self.inflight / self.targets, 9))
+        # Each ready pod's place among its function's ready pods, oldest first.
+        order = np.argsort(function, kind="stable")
+        ranked = function[order]
+        ready_before = np.cumsum(ready[order]) - ready[order]
+        first_of_function = np.searchsorted(ranked, ranked)
+        place = np.empty_like(order)
+        place[order] = ready_before - ready_before[first_of_function]
+        idle = ready & (place >= busy[function])
         needed = np.zeros(len(self.nodes.alive), dtype=np.bool_)
-        idle_on: dict[int, list[int]] = {}
-        for function in np.flatnonzero(self.current).tolist():
-            left = int(busy[function])
-            for pod_id in self.by_function[function]:
-                pod = self.pods[pod_id]
-                if pod.ready and left == 0:
-                    idle_on.setdefault(pod.node, []).append(function)
-                else:
-                    needed[pod.node] = True
-                    left -= int(pod.ready)
+        needed[node[~idle]] = True
         idle_only = np.zeros_like(needed)
-        idle_only[list(idle_on)] = True
+        idle_only[node[idle]] = True
         share = self.nodes.release_share(idle_only & ~needed)
-        for node, functions in idle_on.items():
-            if share[node] > 0:
-                paid = self.memory_mb[functions] * share[node] * METRICS_EVERY_S
-                np.add.at(self.result.paid_wasted_mb_s, functions, paid)
+        paid = idle & (share[node] > 0)
+        weights = self.memory_mb[function[paid]] * share[node[paid]] * METRICS_EVERY_S
+        np.add.at(self.result.paid_wasted_mb_s, function[paid], weights)
 
     def _record_minute(self, minute: int) -> None:
         nodes, series = self.nodes, self.result.series
