@@ -60,9 +60,10 @@ class Row:
 
 
 def screen(models: Sequence[Path], trace: Path, workers: int) -> list[Row]:
+    screened = cases()
     unused = onnx_policy.DEFAULT_MODEL  # a heuristic's job carries a model it does not open
-    labelled = [(name, (trace, case, name, unused)) for case in cases() for name in BASELINES]
-    labelled += [(str(model), (trace, case, "onnx", model)) for case in cases() for model in models]
+    labelled = [(name, (trace, case, name, unused)) for case in screened for name in BASELINES]
+    labelled += [(str(model), (trace, case, "onnx", model)) for case in screened for model in models]
     jobs = [job for _, job in labelled]
     with ProcessPoolExecutor(max_workers=min(workers or os.cpu_count() or 1, len(jobs))) as pool:
         runs = {
@@ -72,8 +73,8 @@ def screen(models: Sequence[Path], trace: Path, workers: int) -> list[Row]:
     weights = ObjectiveWeights()
     rows: list[Row] = []
     for label in [*BASELINES[1:], *map(str, models)]:
-        for ground in dict.fromkeys(case.ground for case in cases()):
-            mine = [case for case in cases() if case.ground == ground]
+        for ground in dict.fromkeys(case.ground for case in screened):
+            mine = [case for case in screened if case.ground == ground]
             versus_tuned = [
                 composite(runs[c, label], runs[c, "kube-default"], weights)
                 / composite(runs[c, "tuned"], runs[c, "kube-default"], weights)
