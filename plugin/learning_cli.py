@@ -20,7 +20,6 @@ from rich.table import Table
 
 from plugin.errors import SettingsError
 from policies import heuristics, onnx_policy
-from policies.residual import ResidualBase
 from simulator import clusterspec, compare, evaluation, plots, traces
 from simulator.learning import config
 
@@ -135,9 +134,13 @@ def _train(args: argparse.Namespace) -> int:
             heuristics.by_name(options.imitate)  # unknown, or tuned weights unreadable
         except (KeyError, ValueError) as error:
             raise SettingsError("--imitate: " + str(error).strip("'\"")) from error
+    if options.residual_top_k < 0 or (options.residual_top_k and not options.residual):
+        raise SettingsError(
+            f"--residual-top-k must be >= 0 and needs --residual, not {options.residual_top_k}"
+        )
     if options.residual:
         try:
-            ResidualBase.of(options.residual, options.residual_scale)
+            options.residual_base()
         except (KeyError, ValueError) as error:
             reason = error.args[0] if isinstance(error, KeyError) else str(error)  # KeyError quotes its str
             raise SettingsError(f"--residual: {reason}") from error
@@ -203,6 +206,11 @@ def train_from_decisions(database: Path, start: Path | None, out: Path, seed: in
         model, base = export.load(source), export.load_base(source)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise SettingsError(f"--from-model {source}: cannot load it ({error})") from error
+    if base is not None and base.top_k:  # its records hold every candidate, its actor saw top_k
+        raise SettingsError(
+            f"--from-model {source}: a model that shortlists its base's top {base.top_k} candidates "
+            "cannot be fine-tuned from recorded decisions yet; retrain it in the simulator"
+        )
     data = offline.usable(records, skipped, residual=base is not None)
     if not data.records:
         raise SettingsError(f"{database}: no usable decisions (skipped: {dict(data.skipped)})")

@@ -63,11 +63,13 @@ class Observation:
     cluster: Float32Array
 
 
-def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = None) -> Observation:
-    """Features of `pod` on every row of `nodes`; cluster and relative features are taken over
-    the `candidates` (the feasible rows; all rows when None), the nodes the extender is asked
-    about, so training and serving see the same context."""
-    size = len(nodes)
+def encode(
+    pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = None, rows: IntArray | None = None
+) -> Observation:
+    """Features of `pod` on every row of `nodes` (only `rows`, in that order, when given);
+    cluster and relative features are taken over the `candidates` (the feasible rows; all rows
+    when None), the nodes the extender is asked about, so training and serving see the same
+    context whichever rows a model scores."""
     pick = None if candidates is None or candidates.all() else candidates
     economics = nodes.cluster.economics
     price = economics.price_per_hour[nodes.origin]
@@ -75,40 +77,53 @@ def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = Non
     cpu_alloc = np.maximum(nodes.cpu_allocatable, 1).astype(np.float64)
     mem_alloc = np.maximum(nodes.memory_allocatable, 1).astype(np.float64)
     cores = cpu_alloc / 1000.0
+    marginal_watts = (economics.max_watts[nodes.origin] - idle_watts) / cores
+    empty = nodes.pod_count == 0
+    spot = economics.spot[nodes.origin]
 
     image_bytes = 0.0
-    present = np.zeros(size)
+    present = np.zeros(len(nodes))
     for image in pod.images:
         sizes = nodes.image_sizes(image)
-        image_bytes += float(sizes.max()) if size else 0.0
+        image_bytes += float(sizes.max()) if len(nodes) else 0.0
         present += sizes
+    function_pods = _function_pods(pod, nodes)
+    zone_share = _zone_share(function_pods, economics.zone[nodes.origin], len(economics.zones))
+    means = [_mean(values, pick) for values in (price, price / cores, marginal_watts, idle_watts)]
+    cluster = _cluster_features(nodes, cpu_alloc, mem_alloc, empty, spot, pick)
+
+    table = nodes
+    if rows is not None:  # every per-row array below, on the scored rows only
+        table = nodes.take(rows)
+        price, idle_watts, cpu_alloc, mem_alloc, cores = (
+            a[rows] for a in (price, idle_watts, cpu_alloc, mem_alloc, cores)
+        )
+        marginal_watts, empty, spot = marginal_watts[rows], empty[rows], spot[rows]
+        present, function_pods, zone_share = present[rows], function_pods[rows], zone_share[rows]
 
     # Filled column by column in float64 and stored as float32: the numbers training saw.
-    out = np.empty((size, len(NODE_FEATURES)), dtype=np.float32)
-    out[:, 0] = (cpu_alloc - nodes.cpu_requested - pod.cpu_milli) / cpu_alloc
-    out[:, 1] = (mem_alloc - nodes.memory_requested - pod.memory_bytes) / mem_alloc
-    out[:, 2] = nodes.cpu_requested / cpu_alloc
-    out[:, 3] = nodes.memory_requested / mem_alloc
-    out[:, 4] = np.minimum(nodes.gpu_allocatable - nodes.gpu_requested - pod.gpu, 8) / 8.0
+    out = np.empty((len(table), len(NODE_FEATURES)), dtype=np.float32)
+    out[:, 0] = (cpu_alloc - table.cpu_requested - pod.cpu_milli) / cpu_alloc
+    out[:, 1] = (mem_alloc - table.memory_requested - pod.memory_bytes) / mem_alloc
+    out[:, 2] = table.cpu_requested / cpu_alloc
+    out[:, 3] = table.memory_requested / mem_alloc
+    out[:, 4] = np.minimum(table.gpu_allocatable - table.gpu_requested - pod.gpu, 8) / 8.0
     out[:, 5] = np.log2(cores)
     if image_bytes:
         out[:, 6] = present / image_bytes
-        pull_bytes_per_s = economics.pull_bytes_per_s[nodes.origin]
+        pull_bytes_per_s = economics.pull_bytes_per_s[table.origin]
         out[:, 7] = np.log1p(np.maximum(image_bytes - present, 0.0) / pull_bytes_per_s)
     else:
         out[:, 6], out[:, 7] = 1.0, 0.0
-    function_pods = _function_pods(pod, nodes)
     out[:, 8] = np.log1p(function_pods)
-    out[:, 9] = _zone_share(function_pods, economics.zone[nodes.origin], len(economics.zones))
-    out[:, 10] = _relative(price, pick)
-    out[:, 11] = _relative(price / cores, pick)
-    out[:, 12] = _relative((economics.max_watts[nodes.origin] - idle_watts) / cores, pick)
-    out[:, 13] = _relative(idle_watts, pick)
-    empty = nodes.pod_count == 0
+    out[:, 9] = zone_share
+    for column, values, mean in zip(
+        (10, 11, 12, 13), (price, price / cores, marginal_watts, idle_watts), means
+    ):
+        out[:, column] = values / mean if mean > 0 else 1.0
     out[:, 14] = empty
-    spot = economics.spot[nodes.origin]
     out[:, 15] = spot
-    out[:, 16] = np.log1p(nodes.pod_count)
+    out[:, 16] = np.log1p(table.pod_count)
 
     priority = [float(pod.priority is p) for p in Priority]
     pod_features = np.array(
@@ -122,9 +137,20 @@ def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = Non
         ],
         dtype=np.float32,
     )
-    chosen = size if pick is None else int(pick.sum())
+    return Observation(nodes=out, pod=pod_features, cluster=cluster)
+
+
+def _cluster_features(
+    nodes: NodeTable,
+    cpu_alloc: npt.NDArray[np.float64],
+    mem_alloc: npt.NDArray[np.float64],
+    empty: BoolArray,
+    spot: BoolArray,
+    pick: BoolArray | None,
+) -> Float32Array:
+    chosen = len(nodes) if pick is None else int(pick.sum())
     rows = slice(None) if pick is None else pick
-    cluster = np.array(
+    return np.array(
         [
             nodes.cpu_requested[rows].sum() / cpu_alloc[rows].sum() if chosen else 0.0,
             nodes.memory_requested[rows].sum() / mem_alloc[rows].sum() if chosen else 0.0,
@@ -134,7 +160,6 @@ def encode(pod: PodRequest, nodes: NodeTable, candidates: BoolArray | None = Non
         ],
         dtype=np.float32,
     )
-    return Observation(nodes=out, pod=pod_features, cluster=cluster)
 
 
 def _function_pods(pod: PodRequest, nodes: NodeTable) -> npt.NDArray[np.float64]:
@@ -155,9 +180,8 @@ def _zone_share(
     return share
 
 
-def _relative(values: npt.NDArray[np.float64], pick: BoolArray | None) -> npt.NDArray[np.float64]:
-    """Values over their mean among the picked rows (all rows: None); 1 everywhere when that
-    mean is 0."""
+def _mean(values: npt.NDArray[np.float64], pick: BoolArray | None) -> float:
+    """The mean among the picked rows (all rows: None); relative features are values over it,
+    and 1 everywhere when it is 0."""
     chosen = values if pick is None else values[pick]
-    mean = float(chosen.mean()) if chosen.size else 0.0
-    return values / mean if mean > 0 else np.ones(len(values))
+    return float(chosen.mean()) if chosen.size else 0.0

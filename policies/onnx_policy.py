@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from policies import features, heuristics
+from policies import features, heuristics, residual
 from policies.placement import PlacementPolicy
 from policies.residual import META_BASE, ResidualBase
 from policies.types import FloatArray, Node, NodeTable, PodRequest
@@ -133,18 +133,25 @@ class OnnxPolicy:
         return np.nan_to_num(logits, nan=-1e9, posinf=1e9, neginf=-1e9)
 
     def _logits(self, pod: PodRequest, nodes: NodeTable) -> FloatArray:
-        observation = features.encode(pod, nodes)
+        base = rows = None
+        if self.base is not None:  # a residual model: its base, and the rows it scores
+            base = self.base.logits(pod, nodes)
+            rows = self.base.shortlist(base)
+        observation = features.encode(pod, nodes, rows=rows)
         (logits,) = self.session.run(
             [OUTPUT], {"nodes": observation.nodes, "pod": observation.pod, "cluster": observation.cluster}
         )
-        if np.shape(logits) != (len(nodes),):  # before the base, whose shape would hide it
+        scored = len(nodes) if rows is None else len(rows)
+        if np.shape(logits) != (scored,):  # before the base, whose shape would hide it
             raise ValueError(
-                f"{OUTPUT} has shape {np.shape(logits)} for {len(nodes)} nodes, expected ({len(nodes)},)"
+                f"{OUTPUT} has shape {np.shape(logits)} for {scored} nodes, expected ({scored},)"
             )
-        if self.base is None:
+        if base is None:
             return np.asarray(logits, dtype=np.float64)
+        if rows is not None:
+            return residual.with_residual(base, rows, np.asarray(logits))
         # float32 as in training, where the base travels in float32 tensors
-        summed = np.asarray(logits, dtype=np.float32) + self.base.logits(pod, nodes).astype(np.float32)
+        summed = np.asarray(logits, dtype=np.float32) + base.astype(np.float32)
         return summed.astype(np.float64)
 
 

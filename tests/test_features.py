@@ -96,3 +96,24 @@ def test_economics_from_labels_with_bad_values() -> None:
     assert found.idle_watts.tolist() == [100.0, 100.0, 400.0]
     assert found.max_watts.tolist() == [250.0, 250.0, 400.0]
     assert found.zones == ("z1", "") and found.zone.tolist() == [0, 1, 1]
+
+
+def test_encoding_some_rows_keeps_the_candidates_context() -> None:
+    """A model that scores a shortlist sees exactly those rows of the whole encoding: relative
+    and cluster features still over every candidate, the image's size from every row."""
+    table = NodeTable.from_nodes(
+        [
+            node("a", "0.4", image=True, pods=2),
+            node("b", "0.2", spot=True),
+            node("c", "0.6"),
+            node("d", "0.8"),
+        ]
+    )
+    candidates = np.array([True, True, False, True])
+    whole = features.encode(POD, table, candidates)
+    rows = np.array([3, 1])  # the order given, not the table's
+    some = features.encode(POD, table, candidates, rows=rows)
+    np.testing.assert_array_equal(some.nodes, whole.nodes[rows])
+    np.testing.assert_array_equal(some.cluster, whole.cluster)
+    np.testing.assert_array_equal(some.pod, whole.pod)
+    assert column(some, "pull_s_log")[0] == round(float(np.log1p(4.0)), 4)  # the image's size from row a

@@ -135,6 +135,111 @@ def test_residual_training_starts_at_the_base_and_exports_it(tmp_path: Path) -> 
     assert network.ActorCritic(16, residual=True).actor_out[1].weight.abs().sum() == 0  # from zero
 
 
+def test_shortlist_is_the_base_top_k_among_the_candidates() -> None:
+    base = residual.ResidualBase.of("tuned", 2.0, top_k=3)
+    logits = np.array([0.5, 2.0, 0.5, 9.0, 0.5, -1.0])
+    candidates = np.array([True, True, True, False, True, True])
+    np.testing.assert_array_equal(base.shortlist(logits, candidates), [1, 0, 2])  # ties in row order
+    np.testing.assert_array_equal(base.shortlist(logits), [3, 1, 0])
+    np.testing.assert_array_equal(base.shortlist(logits[:2]), [1, 0])  # fewer than top_k: all, best first
+    assert residual.ResidualBase.of("tuned", 2.0).shortlist(logits) is None  # no shortlist
+    assert residual.ResidualBase.from_json(base.to_json()) == base
+    assert "top_k" not in residual.ResidualBase.of("tuned", 2.0).to_json()  # older readers' format
+    with pytest.raises(ValueError, match="top_k must be a whole number"):
+        residual.ResidualBase.of("tuned", 2.0, top_k=-1)
+    with pytest.raises(ValueError, match="unreadable residual base"):
+        residual.ResidualBase.from_json('{"weights": {"MostAllocated": 1}, "scale": 1, "top_k": 2.5}')
+
+
+def test_rows_left_off_the_shortlist_rank_below_it_in_the_base_order() -> None:
+    base = np.array([3.0, 1.0, 2.0, -4.0, 0.0])
+    rows = np.array([0, 2])
+    out = residual.with_residual(base, rows, np.array([-10.0, 0.25], dtype=np.float32))
+    assert out[0] == -7.0 and out[2] == 2.25  # base + residual where scored
+    rest = np.array([1, 3, 4])
+    assert out[rest].max() < out[rows].min()  # a residual can sink a shortlisted row, not lift another
+    assert list(np.argsort(-out[rest])) == list(np.argsort(-base[rest]))  # the base's order kept
+
+
+def test_untrained_shortlisting_model_chooses_among_tuned_best(tmp_path: Path) -> None:
+    """With a zero residual a shortlisting model's best rows are tuned's best ones, all of them
+    whenever they fit the shortlist; so it places as tuned, only ties beyond it fall inside it."""
+    model = network.ActorCritic(hidden=16, residual=True)
+    path = tmp_path / "short.onnx"
+    export.export(model, path, {}, residual.ResidualBase.of("tuned", 2.0, top_k=4))
+    policy = onnx_policy.OnnxPolicy.open(path, device="cpu")
+    steps = small_simulation(evaluation.Case("small", 2, 30, (720, 760)), heuristics.tuned()).steps()
+    decision, checked, fitted = next(steps), 0, 0
+    while checked < 60:
+        nodes = decision.nodes.take(np.flatnonzero(decision.feasible))
+        learned, tuned = policy.score(decision.pod, nodes), heuristics.tuned().score(decision.pod, nodes)
+        ours, theirs = (
+            set(np.flatnonzero(learned == learned.max())),
+            set(np.flatnonzero(tuned == tuned.max())),
+        )
+        assert ours <= theirs
+        if len(theirs) <= 4:
+            assert ours == theirs
+            fitted += 1
+        checked += 1
+        try:
+            decision = steps.send(int(np.flatnonzero(decision.feasible)[min(theirs)]))
+        except StopIteration:
+            break
+    assert checked >= 30 and fitted >= 10 and len(nodes) > 4  # the shortlist really cut rows
+
+
+def test_shortlisting_environment_serves_what_the_model_is_trained_on(
+    tmp_path: Path,
+    scenarios: environment.Scenarios,  # noqa: F811
+) -> None:
+    """The environment observes the shortlist, its actions place on the shortlisted rows, and
+    the exported model scores those rows as the torch model does on that observation."""
+    base = residual.ResidualBase.of("tuned", 2.0, top_k=3)
+    env = environment.PlacementEnv(scenarios.draw, 3, base=base)
+    model = network.ActorCritic(hidden=16, residual=True)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        model.actor_out[1].weight.normal_(0.0, 0.5)  # type: ignore[union-attr]
+    export.export(model, tmp_path / "m.onnx", {}, base)
+    served = onnx_policy.OnnxPolicy.open(tmp_path / "m.onnx", device="cpu")
+    observation, _ = env.reset(seed=4)
+    landed = 0
+    for _ in range(15):
+        decision = env.decision
+        assert decision is not None and env.observation_space.contains(observation)
+        feasible = np.flatnonzero(decision.feasible)
+        logits = base.logits(decision.pod, decision.nodes, decision.feasible)
+        shortlist = feasible[np.argsort(-logits[feasible], kind="stable")[:3]]
+        assert observation["mask"].sum() == len(shortlist)
+        np.testing.assert_array_equal(
+            observation["base"][: len(shortlist)], logits[shortlist].astype(np.float32)
+        )
+        tensors = [torch.as_tensor(observation[k])[None] for k in ("nodes", "mask", "pod", "cluster", "base")]
+        with torch.no_grad():
+            trained, _ = model(tensors[0], tensors[1].bool(), tensors[2], tensors[3], tensors[4])
+        scores = served.score(decision.pod, decision.nodes.take(feasible))
+        on_rows = scores[np.searchsorted(feasible, shortlist)]
+        np.testing.assert_allclose(on_rows, trained[0, : len(shortlist)].numpy(), atol=1e-5)
+        assert env.action_for(int(shortlist[-1])) == len(shortlist) - 1
+        action = len(shortlist) - 1  # the last shortlisted row: the pod lands there
+        name, pods = (
+            decision.nodes.names[shortlist[action]],
+            decision.nodes.function_pod_counts(decision.pod.function),
+        )
+        before = int(pods[shortlist[action]])
+        observation, _, terminated, _, _ = env.step(action)
+        if terminated:
+            observation, _ = env.reset()
+            continue
+        assert env.decision is not None
+        row = env.decision.nodes.row(name)
+        landed += (
+            row is not None and env.decision.nodes.function_pod_counts(decision.pod.function)[row] > before
+        )
+    assert landed >= 10
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -142,6 +247,8 @@ def test_residual_training_starts_at_the_base_and_exports_it(tmp_path: Path) -> 
         (["--residual", "random"], "--residual: 'random' is not a weighted sum"),
         (["--residual", "tuned", "--residual-scale", "-1"], "--residual: residual scale must be a positive"),
         (["--fewest-functions-per-node", "0"], "--fewest-functions-per-node must be in (0, 4.5]"),
+        (["--residual-top-k", "-2"], "--residual-top-k must be >= 0 and needs --residual, not -2"),
+        (["--residual", "", "--residual-top-k", "8"], "--residual-top-k must be >= 0 and needs --residual"),
     ],
 )
 def test_train_command_refuses_a_bad_residual(
@@ -262,3 +369,33 @@ def test_shaping_per_second_discounts_the_next_potential_by_the_time_between() -
     elapsed_loss = ObjectiveWeights().utilization * 2.0 / environment.REWARD_SCALE_S  # 2 s of idle share
     assert rewards[0] == pytest.approx(-elapsed_loss + 0.5 * -1.0 + 1.0)
     assert rewards[1] == pytest.approx(-elapsed_loss + 0.25 * -1.0 + 1.0)
+
+
+def test_a_shortlisting_model_is_not_fine_tuned_from_decisions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its records hold every candidate while its actor saw a shortlist: refused, exit 2."""
+    from plugin import cli
+    from policies.decision_records import DecisionStore
+    from tests.test_decision_records import a_record
+
+    model = network.ActorCritic(hidden=16, residual=True)
+    with torch.no_grad():
+        model.actor_out[1].weight.normal_(0.0, 0.5)  # type: ignore[union-attr]
+    path = tmp_path / "short.onnx"
+    export.export(model, path, {"hidden": 16}, residual.ResidualBase.of("tuned", 2.0, 8))
+    database = tmp_path / "history.db"
+    store = DecisionStore(database)
+    store.write([a_record("fn", 1.0)])
+    store.close()
+    argv = [
+        "train",
+        "--from-decisions",
+        str(database),
+        "--from-model",
+        str(path),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert cli.main(argv) == 2
+    assert "shortlists its base's top 8 candidates" in capsys.readouterr().err

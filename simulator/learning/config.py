@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from policies.residual import ResidualBase
+
 
 @dataclass
 class Args:
@@ -40,6 +42,8 @@ class Args:
     imitate_coef: float = 0.0  # after that, weight of the teacher's log-likelihood in PPO's loss
     residual: str = "tuned"  # a weighted heuristic the actor's logits are a residual on ("": none)
     residual_scale: float = 2.0  # its standardised scores in logits: its best node ~e^2-e^4 likelier
+    # > 0: the actor scores only the residual base's best this many candidates (0: all of them)
+    residual_top_k: int = 0
     critic_sees_future: bool = True  # the critic reads the episode's coming arrivals (training only)
     request_weighted_qos: bool = False  # QoS: seconds requests waited on pulls, not seconds pods did
     qos_counts_capacity_waits: bool = False  # QoS also: seconds pods wait for a node with room
@@ -50,6 +54,14 @@ class Args:
     largest_cluster: int = 48  # the curriculum's largest initial cluster (Curriculum.up_to)
     device: str = "auto"  # auto: CUDA when present
     export_onnx: bool = True
+
+    def residual_base(self) -> ResidualBase | None:
+        """The heuristic the actor's logits are a residual on (None: not a residual policy)."""
+        return (
+            ResidualBase.of(self.residual, self.residual_scale, self.residual_top_k)
+            if self.residual
+            else None
+        )
 
     @property
     def batch_size(self) -> int:

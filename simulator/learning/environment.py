@@ -178,6 +178,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         self._steps: engine.Steps | None = None
         self._decision: Decision | None = None
         self._reward: RewardMeter | None = None
+        self._shortlisting = base is not None and base.top_k > 0
+        self._shortlist: np.ndarray | None = None  # node row of each observed row, when shortlisting
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -200,14 +202,16 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
                 self._decision = next(self._steps)
             except StopIteration:
                 continue
-            if len(self._decision.nodes) <= self.rows:
+            if self._shortlisting or len(self._decision.nodes) <= self.rows:
                 break
         return self._observe(self._decision), {"nodes": scenario.cluster.initial_nodes}
 
     def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         assert self._steps is not None and self._decision is not None and self._reward is not None
         row = int(action)
-        if not (row < len(self._decision.nodes) and self._decision.feasible[row]):
+        if self._shortlist is not None:  # an action picks among the observation's rows
+            row = int(self._shortlist[row]) if row < len(self._shortlist) else -1
+        if not (0 <= row < len(self._decision.nodes) and self._decision.feasible[row]):
             row = int(np.flatnonzero(self._decision.feasible)[0])  # masked sampling never gets here
         try:
             self._decision = self._steps.send(row)
@@ -222,12 +226,28 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         """The placement the current observation asks for (None before reset)."""
         return self._decision
 
+    def action_for(self, row: int) -> int:
+        """The action that places the pending pod on node `row` (with a shortlist, its position
+        there; the base's best when the shortlist leaves it out)."""
+        if self._shortlist is None:
+            return row
+        found = np.flatnonzero(self._shortlist == row)
+        return int(found[0]) if found.size else 0
+
     def _observe(self, decision: Decision) -> dict[str, np.ndarray]:
-        observation = pad(
-            features.encode(decision.pod, decision.nodes, decision.feasible), decision.feasible, self.rows
-        )
+        pod, nodes, feasible = decision.pod, decision.nodes, decision.feasible
+        logits = shortlist = None
         if self.base is not None:
-            logits = self.base.logits(decision.pod, decision.nodes, decision.feasible)
+            logits = self.base.logits(pod, nodes, feasible)
+            shortlist = self.base.shortlist(logits, feasible)
+        self._shortlist = shortlist
+        if shortlist is None:
+            observation = pad(features.encode(pod, nodes, feasible), feasible, self.rows)
+        else:  # the shortlisted rows only, in its order; every one of them feasible
+            observed = features.encode(pod, nodes, feasible, rows=shortlist)
+            observation = pad(observed, np.ones(len(shortlist), dtype=bool), self.rows)
+            logits = logits[shortlist] if logits is not None else None
+        if logits is not None:
             size = min(logits.size, self.rows)
             observation["base"] = np.zeros(self.rows, dtype=np.float32)
             observation["base"][:size] = logits[:size]

@@ -27,7 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from policies import features
-from policies.residual import ResidualBase
 from simulator import plots, traces
 from simulator.learning import environment, export
 from simulator.learning.config import Args
@@ -256,7 +255,7 @@ def train(
     writer.close()
     envs.close()
     model.cpu()
-    heuristic = ResidualBase.of(args.residual, args.residual_scale) if args.residual else None
+    heuristic = args.residual_base()
     checkpoint = {
         "model": model.state_dict(),
         "args": _config(args),

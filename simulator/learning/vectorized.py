@@ -10,13 +10,12 @@ same seed trains the same model with any number of workers (tests/test_ray_rollo
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import gymnasium as gym
 import numpy as np
 
 from policies import heuristics
-from policies.residual import ResidualBase
 from simulator import clusterspec, engine, traces
 from simulator.learning import environment
 from simulator.learning.config import Args
@@ -65,12 +64,12 @@ class LocalEnvironments:
         self.first = first
         self.num_envs = args.num_envs if count is None else count
         self.scenarios = scenarios(args, trace)
-        self.rows = self.scenarios.max_rows
+        base = args.residual_base()
+        self.rows = base.top_k if base is not None and base.top_k else self.scenarios.max_rows
         # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
         self.teacher = heuristics.by_name(args.imitate, seed=args.seed) if args.imitate else None
         gamma = args.gamma_per_second or args.gamma
         shaping = gamma if args.shape_reward else None
-        base = ResidualBase.of(args.residual, args.residual_scale) if args.residual else None
 
         def make() -> gym.Env[Any, Any]:
             return environment.PlacementEnv(
@@ -99,8 +98,10 @@ class LocalEnvironments:
     def teach(self) -> np.ndarray:
         if self.teacher is None:
             raise ValueError("no teacher: Args.imitate is empty")
-        decisions = [env.unwrapped.decision for env in self.envs.envs]  # type: ignore[attr-defined]
-        return np.array([engine.best_row(self.teacher, d) if d is not None else 0 for d in decisions])
+        envs = [cast(environment.PlacementEnv, env.unwrapped) for env in self.envs.envs]
+        return np.array(
+            [e.action_for(engine.best_row(self.teacher, e.decision)) if e.decision else 0 for e in envs]
+        )
 
     def set_progress(self, progress: float) -> None:
         self.scenarios.progress = progress
