@@ -87,6 +87,7 @@ class DecisionRecorder:
         self._served: list[Served] = []
         self._outcomes: list[tuple[str, float, float, float | None, float | None]] = []
         self._trimmed = 0.0
+        self._flushing = asyncio.Lock()  # held while a periodic flush has rows taken, not yet written
 
     def served(self, decision: Decision, loaded: LoadedPolicy) -> None:
         """A bound pod's decision, by reference (no work here: the extender is waiting)."""
@@ -155,14 +156,22 @@ class DecisionRecorder:
         let go in between (a second thread doing it would hold the GIL against every request:
         Python hands it back to an I/O thread only every switch interval), then written by
         SQLite in a thread (it lets the GIL go while it works)."""
-        served, outcomes = self._take()
-        rows = []
-        for item in served:
-            made = self._row(item)
-            if made is not None:
-                rows.append(made)
-            await asyncio.sleep(0)
-        await asyncio.to_thread(self._write, rows, outcomes)
+        async with self._flushing:
+            served, outcomes = self._take()
+            rows = []
+            for item in served:
+                made = self._row(item)
+                if made is not None:
+                    rows.append(made)
+                await asyncio.sleep(0)
+            await asyncio.to_thread(self._write, rows, outcomes)
+
+    async def drain(self) -> int:
+        """Everything recorded so far, written: after the periodic flush under way, if any
+        (`flush` alone misses the rows it has taken and not yet written); returns the decisions
+        this call wrote."""
+        async with self._flushing:
+            return self.flush()
 
     async def run(self) -> None:
         try:

@@ -8,10 +8,10 @@ same argmax, the same ties (Silver et al. 2018, "Residual Policy Learning"; Joha
 heuristic object `tuned` serves with; the model file carries the heuristic's weights and the
 scale, so it needs nothing else.
 
-With `top_k`, the learned part scores only the base's `top_k` best candidates (its features
-and inference cost that many rows, not the whole cluster's), and the others rank below them in
-the base's order: the policy chooses among the heuristic's shortlist, in training as in
-serving.
+With `top_k`, the learned part scores only the base's `top_k` best candidates (its inference
+runs on that many rows; its features' context is still taken over every candidate), and the
+others rank below them in the base's order: the policy chooses among the heuristic's
+shortlist, in training as in serving.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ async def test_record_learn_gate_reload_and_roll_back(
     client, model, nodes = serving
     pods = await serve_a_day(client, nodes)
     assert pods > 500  # a day's placements
-    client.app[RECORDER].flush()  # what waits beyond the last periodic flush
+    await client.app[RECORDER].drain()  # what waits beyond the last periodic flush, and one under way
     database = tmp_path / "history.db"
     store = DecisionStore(database)
     assert len(store) == pods  # every bound placement, once
@@ -253,7 +253,7 @@ async def test_kdrl_loop_does_nothing_while_slas_hold(
 ) -> None:
     client, _, nodes = serving
     await serve_a_day(client, nodes)
-    client.app[RECORDER].flush()
+    await client.app[RECORDER].drain()
     argv = ["loop", "--decisions", str(tmp_path / "history.db"), "--if-sla-violations-above", "100"]
     argv += ["--work", str(tmp_path / "loop")]
     assert await asyncio.to_thread(cli.main, argv) == 0

@@ -3,6 +3,7 @@ became of the pod (`plugin/decision_recorder.py`, `policies/decision_records.py`
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -220,3 +221,19 @@ async def test_recording_can_be_turned_off(
     )
     off = await aiohttp_client(await service.create_app(settings))
     assert RECORDER not in off.app and off.app[EXTENDER].on_bound is None
+
+
+async def test_drain_waits_for_a_flush_under_way(client: Any, tmp_path: Path) -> None:
+    """A periodic flush that has taken its rows and not yet written them: `flush` alone would
+    find nothing left to write and miss them; `drain` writes them all."""
+    created = datetime.now(UTC) - timedelta(seconds=30)
+    for i in range(3):
+        assert await place(client, pod(f"uid-d{i}", created)) is not None
+    recorder = client.app[RECORDER]
+    assert len(recorder._served) == 3
+    under_way = asyncio.create_task(recorder.flush_soon())
+    await asyncio.sleep(0)  # it takes the three rows, then lets the loop go between them
+    assert recorder._served == [] and not under_way.done()
+    assert recorder.flush() == 0 and records(tmp_path / "history.db") == []  # what flush alone sees
+    assert await recorder.drain() == 0
+    assert under_way.done() and len(records(tmp_path / "history.db")) == 3
