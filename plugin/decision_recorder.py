@@ -159,12 +159,18 @@ class DecisionRecorder:
         async with self._flushing:
             served, outcomes = self._take()
             rows = []
-            for item in served:
-                made = self._row(item)
-                if made is not None:
-                    rows.append(made)
-                await asyncio.sleep(0)
-            await asyncio.to_thread(self._write, rows, outcomes)
+            try:
+                for item in served:
+                    made = self._row(item)
+                    if made is not None:
+                        rows.append(made)
+                    await asyncio.sleep(0)
+                await asyncio.to_thread(self._write, rows, outcomes)
+            except asyncio.CancelledError:
+                # Shutdown: the final flush writes them. A write already in its thread may too;
+                # a pod's row written twice is stored once.
+                self._served[:0], self._outcomes[:0] = served, outcomes
+                raise
 
     async def drain(self) -> int:
         """Everything recorded so far, written: after the periodic flush under way, if any

@@ -237,3 +237,18 @@ async def test_drain_waits_for_a_flush_under_way(client: Any, tmp_path: Path) ->
     assert recorder.flush() == 0 and records(tmp_path / "history.db") == []  # what flush alone sees
     assert await recorder.drain() == 0
     assert under_way.done() and len(records(tmp_path / "history.db")) == 3
+
+
+async def test_a_flush_cancelled_at_shutdown_leaves_its_rows_to_the_final_flush(
+    client: Any, tmp_path: Path
+) -> None:
+    created = datetime.now(UTC) - timedelta(seconds=30)
+    for i in range(3):
+        assert await place(client, pod(f"uid-c{i}", created)) is not None
+    recorder = client.app[RECORDER]
+    under_way = asyncio.create_task(recorder.flush_soon())
+    await asyncio.sleep(0)  # the three rows taken, the first one encoded
+    under_way.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await under_way
+    assert recorder.flush() == 3 and len(records(tmp_path / "history.db")) == 3
