@@ -77,6 +77,7 @@ def encode(
     cpu_alloc = np.maximum(nodes.cpu_allocatable, 1).astype(np.float64)
     mem_alloc = np.maximum(nodes.memory_allocatable, 1).astype(np.float64)
     cores = cpu_alloc / 1000.0
+    price_per_core = price / cores
     marginal_watts = (economics.max_watts[nodes.origin] - idle_watts) / cores
     empty = nodes.pod_count == 0
     spot = economics.spot[nodes.origin]
@@ -89,14 +90,14 @@ def encode(
         present += sizes
     function_pods = _function_pods(pod, nodes)
     zone_share = _zone_share(function_pods, economics.zone[nodes.origin], len(economics.zones))
-    means = [_mean(values, pick) for values in (price, price / cores, marginal_watts, idle_watts)]
+    means = [_mean(values, pick) for values in (price, price_per_core, marginal_watts, idle_watts)]
     cluster = _cluster_features(nodes, cpu_alloc, mem_alloc, empty, spot, pick)
 
     table = nodes
     if rows is not None:  # every per-row array below, on the scored rows only
         table = nodes.take(rows)
-        price, idle_watts, cpu_alloc, mem_alloc, cores = (
-            a[rows] for a in (price, idle_watts, cpu_alloc, mem_alloc, cores)
+        price, price_per_core, idle_watts, cpu_alloc, mem_alloc, cores = (
+            a[rows] for a in (price, price_per_core, idle_watts, cpu_alloc, mem_alloc, cores)
         )
         marginal_watts, empty, spot = marginal_watts[rows], empty[rows], spot[rows]
         present, function_pods, zone_share = present[rows], function_pods[rows], zone_share[rows]
@@ -118,7 +119,7 @@ def encode(
     out[:, 8] = np.log1p(function_pods)
     out[:, 9] = zone_share
     for column, values, mean in zip(
-        (10, 11, 12, 13), (price, price / cores, marginal_watts, idle_watts), means
+        (10, 11, 12, 13), (price, price_per_core, marginal_watts, idle_watts), means
     ):
         out[:, column] = values / mean if mean > 0 else 1.0
     out[:, 14] = empty

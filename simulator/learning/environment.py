@@ -178,7 +178,6 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         self._steps: engine.Steps | None = None
         self._decision: Decision | None = None
         self._reward: RewardMeter | None = None
-        self._shortlisting = base is not None and base.top_k > 0
         self._shortlist: np.ndarray | None = None  # node row of each observed row, when shortlisting
 
     def reset(
@@ -202,7 +201,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
                 self._decision = next(self._steps)
             except StopIteration:
                 continue
-            if self._shortlisting or len(self._decision.nodes) <= self.rows:
+            if (self.base is not None and self.base.top_k) or len(self._decision.nodes) <= self.rows:
                 break
         return self._observe(self._decision), {"nodes": scenario.cluster.initial_nodes}
 
