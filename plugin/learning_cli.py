@@ -129,11 +129,20 @@ def _train(args: argparse.Namespace) -> int:
         raise SettingsError("--from-model needs --from-decisions (PPO in the simulator starts afresh)")
     if options.total_timesteps < options.batch_size:
         raise SettingsError(f"--total-timesteps must be at least one batch ({options.batch_size})")
-    if options.imitate:
+    if options.imitate and options.imitate != "lookahead":
         try:
             heuristics.by_name(options.imitate)  # unknown, or tuned weights unreadable
         except (KeyError, ValueError) as error:
             raise SettingsError("--imitate: " + str(error).strip("'\"")) from error
+    if not 0.0 <= options.teach_share <= 1.0:
+        raise SettingsError(f"--teach-share must be in [0, 1], not {options.teach_share}")
+    if options.lookahead_candidates < 1 or options.lookahead_minutes < 1:
+        raise SettingsError(
+            "--lookahead-candidates and --lookahead-minutes must be >= 1, not "
+            f"{options.lookahead_candidates} and {options.lookahead_minutes}"
+        )
+    if not 0.0 <= options.lookahead_margin <= 1.0:
+        raise SettingsError(f"--lookahead-margin must be in [0, 1], not {options.lookahead_margin}")
     if options.residual_top_k < 0 or (options.residual_top_k and not options.residual):
         raise SettingsError(
             f"--residual-top-k must be >= 0 and needs --residual, not {options.residual_top_k}"

@@ -53,8 +53,8 @@ class RayEnvironments:
         observations = _stack([r[0] for r in results])
         return observations, np.concatenate([r[1] for r in results]), np.concatenate([r[2] for r in results])
 
-    def teach(self) -> np.ndarray:
-        return np.concatenate(self._all("teach"))
+    def teach(self, share: float = 1.0) -> np.ndarray:
+        return np.concatenate(self._all("teach", [share] * len(self.actors)))
 
     def set_progress(self, progress: float) -> None:
         self._all("set_progress", [progress] * len(self.actors))

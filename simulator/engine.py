@@ -276,6 +276,7 @@ class Simulation:
         )
         self.new_revisions = new_revisions
         self.warmup_minutes = warmup_minutes
+        self.end_minute = counts.shape[1]  # the run ends after this minute (a lookahead's copy sets it)
         self._uncounted: tuple[RunResult, IntArray] | None = None  # the result at the warm-up's end
 
     def run(self) -> RunResult:
@@ -289,8 +290,8 @@ class Simulation:
             for function, spec in enumerate(self.functions):
                 for _ in range(spec.initial_scale):
                     yield from self._create_pod(function, 0.0)
-        minutes = self.counts.shape[1]
-        for minute in range(minutes):
+        minute = 0
+        while minute < self.end_minute:
             if minute == self.warmup_minutes > 0:
                 self._uncounted = copy.deepcopy(self.result), self.warm_by_class.copy()
             if self.prewarmer is not None:
@@ -301,7 +302,8 @@ class Simulation:
                 yield from self._step(minute * 60 + second, arrivals[:, second], hold[:, second])
             self._open_windows(minute, arrivals)
             self._record_minute(minute)
-        self._finish(minutes * 60.0)
+            minute += 1
+        self._finish(minute * 60.0)
         return self.result
 
     # -- one second -------------------------------------------------------------------

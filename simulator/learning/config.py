@@ -37,9 +37,17 @@ class Args:
     vf_coef: float = 0.5  # c1, weight of L^VF
     max_grad_norm: float = 0.5
     target_kl: float | None = 0.03  # stop an update's epochs early past this KL
-    imitate: str = ""  # a heuristic (e.g. tuned) whose choices the actor first learns to copy
+    # a heuristic (e.g. tuned) whose choices the actor first learns to copy, or "lookahead":
+    # the residual base's best candidates played forward in copies of the simulation
+    imitate: str = ""
     imitate_timesteps: int = 100_000  # placements chosen by that heuristic, before PPO takes over
     imitate_coef: float = 0.0  # after that, weight of the teacher's log-likelihood in PPO's loss
+    # the share of PPO's placements the teacher labels for that term (a lookahead label costs
+    # about 0.2 s of copies, a thousand placements' worth)
+    teach_share: float = 1.0
+    lookahead_candidates: int = 4  # the base's best this many candidates are played forward
+    lookahead_minutes: int = 15  # for this long: past the 10-minute scale-down delay
+    lookahead_margin: float = 0.01  # composite another candidate must gain to be the label
     residual: str = "tuned"  # a weighted heuristic the actor's logits are a residual on ("": none)
     residual_scale: float = 2.0  # its standardised scores in logits: its best node ~e^2-e^4 likelier
     # > 0: the actor scores only the residual base's best this many candidates (0: all of them)

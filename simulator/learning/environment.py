@@ -27,6 +27,7 @@ from policies.residual import ResidualBase
 from simulator import engine, keepalive, traces, workload
 from simulator.clusterspec import ClusterSpec, Pool
 from simulator.engine import Decision, RunResult, Simulation
+from simulator.lookahead import Lookahead
 from simulator.nodes import SCALE_DOWN_UNNEEDED_S
 
 # The reward's four terms on one scale: cost and energy in seconds of the episode's initial
@@ -175,6 +176,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
             }
         )
         self.action_space = spaces.Discrete(max_rows)  # type: ignore[assignment]
+        self._simulation: Simulation | None = None
         self._steps: engine.Steps | None = None
         self._decision: Decision | None = None
         self._reward: RewardMeter | None = None
@@ -186,7 +188,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         super().reset(seed=seed)
         while True:  # a scenario whose window needs no placement at all is skipped
             scenario = self.draw(self.np_random)
-            simulation = scenario.simulation()
+            simulation = self._simulation = scenario.simulation()
             self._counts = scenario.trace.counts
             self._steps = simulation.steps()
             self._reward = RewardMeter(
@@ -224,6 +226,11 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
     def decision(self) -> Decision | None:
         """The placement the current observation asks for (None before reset)."""
         return self._decision
+
+    def look_ahead(self, teacher: Lookahead) -> int:
+        """The node row `teacher` labels for the pending placement (the simulation forked)."""
+        assert self._simulation is not None and self._steps is not None and self._decision is not None
+        return teacher.label(self._simulation, self._steps, self._decision)
 
     def action_for(self, row: int) -> int:
         """The action that places the pending pod on node `row` (with a shortlist, its position

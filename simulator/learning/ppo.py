@@ -143,8 +143,9 @@ def train(
             with torch.no_grad():
                 logits, value = model(*next_obs)
                 distribution = torch.distributions.Categorical(logits=logits)
-                if imitating or keep_teacher:
-                    taught[step] = torch.as_tensor(envs.teach(), device=device)
+                if imitating or keep_teacher:  # -1: a placement the teacher did not label
+                    labels = envs.teach() if imitating else envs.teach(args.teach_share)
+                    taught[step] = torch.as_tensor(labels, device=device)
                 action = taught[step].long() if imitating else distribution.sample()
             values[step], actions[step], logprobs[step] = value, action, distribution.log_prob(action)
             obs, reward, finished = envs.step(action.cpu().numpy())
@@ -220,8 +221,10 @@ def train(
                     value_loss = 0.5 * ((new_value - b_returns[mb]) ** 2).mean()
                 entropy_bonus = entropy.mean()  # S
                 loss = policy_loss - args.ent_coef * entropy_bonus + args.vf_coef * value_loss
-                if keep_teacher and not imitating:  # stay near the teacher (as DAPG's demonstration term)
-                    loss = loss - args.imitate_coef * distribution.log_prob(b_taught[mb]).mean()
+                labelled = b_taught[mb] >= 0
+                if keep_teacher and not imitating and bool(labelled.any()):  # stay near the teacher (DAPG)
+                    taught_logprob = distribution.log_prob(b_taught[mb].clamp(min=0))[labelled]
+                    loss = loss - args.imitate_coef * taught_logprob.mean()
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)

@@ -16,9 +16,11 @@ import gymnasium as gym
 import numpy as np
 
 from policies import heuristics
+from policies.placement import PlacementPolicy
 from simulator import clusterspec, engine, traces
 from simulator.learning import environment
 from simulator.learning.config import Args
+from simulator.lookahead import Lookahead
 
 Observations = dict[str, np.ndarray]
 
@@ -36,8 +38,9 @@ class Environments(Protocol):
         started: its first observation is the one returned)."""
         ...
 
-    def teach(self) -> np.ndarray:
-        """The teacher's (`Args.imitate`) choice for each pending placement."""
+    def teach(self, share: float = 1.0) -> np.ndarray:
+        """The teacher's (`Args.imitate`) choice for each pending placement, or -1 for those it
+        leaves out: each is labelled with probability `share`."""
         ...
 
     def set_progress(self, progress: float) -> None:
@@ -57,6 +60,22 @@ def scenarios(args: Args, trace: traces.Trace) -> environment.Scenarios:
     )
 
 
+def teacher(args: Args) -> PlacementPolicy | Lookahead | None:
+    """`Args.imitate`'s teacher. The lookahead plays the residual base's candidates forward
+    under the base (tuned without a residual)."""
+    if not args.imitate:
+        return None
+    # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
+    if args.imitate == "lookahead":
+        return Lookahead(
+            heuristics.by_name(args.residual or "tuned"),
+            candidates=args.lookahead_candidates,
+            horizon_minutes=args.lookahead_minutes,
+            margin=args.lookahead_margin,
+        )
+    return heuristics.by_name(args.imitate, seed=args.seed)
+
+
 class LocalEnvironments:
     """Environments `first` .. `first + count - 1` of a run, in this process."""
 
@@ -66,8 +85,9 @@ class LocalEnvironments:
         self.scenarios = scenarios(args, trace)
         base = args.residual_base()
         self.rows = base.top_k if base is not None and base.top_k else self.scenarios.max_rows
-        # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
-        self.teacher = heuristics.by_name(args.imitate, seed=args.seed) if args.imitate else None
+        self.teacher = teacher(args)
+        # Which placements the teacher labels: a generator per environment, as its episodes.
+        self.teach_draws = [np.random.default_rng([args.seed, first + i, 2]) for i in range(self.num_envs)]
         gamma = args.gamma_per_second or args.gamma
         shaping = gamma if args.shape_reward else None
 
@@ -95,13 +115,19 @@ class LocalEnvironments:
         observations, reward, terminated, truncated, _ = self.envs.step(actions)
         return observations, np.asarray(reward, dtype=np.float64), np.logical_or(terminated, truncated)
 
-    def teach(self) -> np.ndarray:
+    def teach(self, share: float = 1.0) -> np.ndarray:
         if self.teacher is None:
             raise ValueError("no teacher: Args.imitate is empty")
-        envs = [cast(environment.PlacementEnv, env.unwrapped) for env in self.envs.envs]
-        return np.array(
-            [e.action_for(engine.best_row(self.teacher, e.decision)) if e.decision else 0 for e in envs]
-        )
+        labels = np.full(self.num_envs, -1, dtype=np.int64)
+        for i, env in enumerate(self.envs.envs):
+            e = cast(environment.PlacementEnv, env.unwrapped)
+            if e.decision is None or (share < 1.0 and self.teach_draws[i].random() >= share):
+                continue
+            if isinstance(self.teacher, Lookahead):
+                labels[i] = e.action_for(e.look_ahead(self.teacher))
+            else:
+                labels[i] = e.action_for(engine.best_row(self.teacher, e.decision))
+        return labels
 
     def set_progress(self, progress: float) -> None:
         self.scenarios.progress = progress
