@@ -57,7 +57,7 @@ class Lookahead:
         before = objectives_of(simulation.result, 1.0)
         children = [self._fork(simulation, steps, row, end) for row in rows]
         seconds = max(end * 60.0 - decision.now, 1.0)
-        measured = [_difference(_collect(*child), before, seconds) for child in children]
+        measured = [_difference(_collect(child), before, seconds) for child in children]
         known = [m for m in measured if m is not None]
         if not known:
             return [(row, 0.0) for row in rows]
@@ -69,15 +69,27 @@ class Lookahead:
 
     def label(self, simulation: Simulation, steps: Steps, decision: Decision) -> int:
         """The row the future favours among the candidates: the first of the lowest composite,
-        where it beats the rollout's choice by `margin`; the rollout's choice otherwise."""
+        where it beats the rollout's choice by `margin`; the rollout's choice otherwise, and
+        whenever the rollout's own copy could not be measured."""
         (first, first_score), *others = self.outcomes(simulation, steps, decision)
         best, best_score = min(others, key=lambda outcome: outcome[1], default=(first, first_score))
-        return best if best_score < first_score - self.margin else first
+        return best if best_score < first_score - self.margin < float("inf") else first
 
-    def _fork(self, simulation: Simulation, steps: Steps, row: int, end_minute: int) -> tuple[int, int]:
-        """A copy of this process that plays the run on from placing the pod on `row`."""
-        read, write = os.pipe()
-        pid = os.fork()
+    def _fork(
+        self, simulation: Simulation, steps: Steps, row: int, end_minute: int
+    ) -> tuple[int, int] | None:
+        """A copy of this process that plays the run on from placing the pod on `row` (its pid
+        and the pipe it answers on); None when the system refuses a process or a pipe."""
+        try:
+            read, write = os.pipe()
+        except OSError:
+            return None
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read)
+            os.close(write)
+            return None
         if pid:
             os.close(write)
             return pid, read
@@ -102,8 +114,11 @@ def _play_on(steps: Steps, row: int, rollout: PlacementPolicy) -> RunResult:
         return result
 
 
-def _collect(pid: int, read: int) -> np.ndarray | None:
-    """What one copy measured; None when it died without saying."""
+def _collect(child: tuple[int, int] | None) -> np.ndarray | None:
+    """What one copy measured; None when it died without saying or never started."""
+    if child is None:
+        return None
+    pid, read = child
     size = _MEASURES * 8
     data = b""
     try:

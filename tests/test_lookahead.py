@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,24 @@ def test_where_the_future_cannot_tell_nodes_apart_the_rollouts_choice_stands() -
     outcomes = teacher.outcomes(simulation, steps, decision)
     assert [c for _, c in outcomes] == pytest.approx([1.0, 1.0])
     assert teacher.label(simulation, steps, decision) == outcomes[0][0] == teacher.ranked(decision)[0]
+
+
+def test_without_copies_the_rollouts_choice_stands(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The system refuses a process (e.g. a container's pid limit): no copy measures anything.
+    simulation = invoked_from_zero(two_nodes(10.0, 100.0))
+    steps = simulation.steps()
+    decision = next(steps)
+    teacher = Lookahead(heuristics.kube_default(), candidates=2, horizon_minutes=5)
+
+    def refuse() -> int:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", refuse)
+    slow, fast = teacher.ranked(decision).tolist()
+    assert teacher.outcomes(simulation, steps, decision) == [(slow, 0.0), (fast, 0.0)]
+    assert teacher.label(simulation, steps, decision) == slow
+    monkeypatch.undo()  # the run it was asked about is intact: once copies work, the label is found
+    assert teacher.label(simulation, steps, decision) == fast
 
 
 def test_looking_ahead_leaves_the_run_it_copies_as_it_was() -> None:
