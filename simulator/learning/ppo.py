@@ -146,7 +146,7 @@ def train(
                 if imitating or keep_teacher:  # -1: a placement the teacher did not label
                     labels = envs.teach() if imitating else envs.teach(args.teach_share)
                     taught[step] = torch.as_tensor(labels, device=device)
-                action = taught[step].long() if imitating else distribution.sample()
+                action = taught[step].long().clamp(min=0) if imitating else distribution.sample()
             values[step], actions[step], logprobs[step] = value, action, distribution.log_prob(action)
             obs, reward, finished = envs.step(action.cpu().numpy())
             running_return += reward

@@ -65,7 +65,6 @@ def teacher(args: Args) -> PlacementPolicy | Lookahead | None:
     under the base (tuned without a residual)."""
     if not args.imitate:
         return None
-    # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
     if args.imitate == "lookahead":
         return Lookahead(
             heuristics.by_name(args.residual or "tuned"),
@@ -73,6 +72,7 @@ def teacher(args: Args) -> PlacementPolicy | Lookahead | None:
             horizon_minutes=args.lookahead_minutes,
             margin=args.lookahead_margin,
         )
+    # Straight from the heuristics: a registry fallback would have it clone kube-default silently.
     return heuristics.by_name(args.imitate, seed=args.seed)
 
 
