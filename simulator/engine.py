@@ -650,10 +650,11 @@ def best_row(policy: PlacementPolicy, decision: Decision, ties: np.random.Genera
     return int(feasible[best[int(ties.integers(best.size))] if best.size > 1 else best[0]])
 
 
-def drive(steps: Steps, choose: Callable[[Decision], int]) -> RunResult:
-    """Run a simulation coroutine to its end, answering each decision with `choose`."""
+def drive(steps: Steps, choose: Callable[[Decision], int], first: int | None = None) -> RunResult:
+    """Run a simulation coroutine to its end, answering each decision with `choose`. `first`:
+    the coroutine is paused at a decision already, and this row answers it."""
     try:
-        decision = next(steps)
+        decision = next(steps) if first is None else steps.send(first)
         while True:
             decision = steps.send(choose(decision))
     except StopIteration as finished:

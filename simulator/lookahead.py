@@ -15,17 +15,17 @@ DAgger (Ross et al., 2011) and expert iteration (Anthony et al., 2017).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 
 import numpy as np
 
 from policies.objectives import Objectives, ObjectiveWeights, composite
 from policies.placement import PlacementPolicy
 from simulator import engine
-from simulator.engine import Decision, RunResult, Simulation, Steps
+from simulator.engine import Decision, Simulation, Steps
 from simulator.evaluation import objectives_of
 
-_MEASURES = 4  # the fields of Objectives, sent back by each copy as float64
+_MEASURES = len(fields(Objectives))  # sent back by each copy as float64
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Lookahead:
         known = [m for m in measured if m is not None]
         if not known:
             return [(row, 0.0) for row in rows]
-        mean = Objectives(*np.mean([_values(m) for m in known], axis=0).tolist())
+        mean = Objectives(*np.mean([astuple(m) for m in known], axis=0).tolist())
         return [
             (row, composite(m, mean, self.weights) if m is not None else float("inf"))
             for row, m in zip(rows, measured)
@@ -97,21 +97,11 @@ class Lookahead:
         try:  # the copy: never returns, never runs the parent's exit handlers
             os.close(read)
             simulation.end_minute = end_minute
-            result = _play_on(steps, row, self.rollout)
-            os.write(write, np.array(_values(objectives_of(result, 1.0)), dtype=np.float64).tobytes())
+            result = engine.drive(steps, lambda decision: engine.best_row(self.rollout, decision), first=row)
+            os.write(write, np.array(astuple(objectives_of(result, 1.0)), dtype=np.float64).tobytes())
             code = 0
         finally:
             os._exit(code)
-
-
-def _play_on(steps: Steps, row: int, rollout: PlacementPolicy) -> RunResult:
-    try:
-        decision = steps.send(row)
-        while True:
-            decision = steps.send(engine.best_row(rollout, decision))
-    except StopIteration as finished:
-        result: RunResult = finished.value
-        return result
 
 
 def _collect(child: tuple[int, int] | None) -> np.ndarray | None:
@@ -133,13 +123,9 @@ def _collect(child: tuple[int, int] | None) -> np.ndarray | None:
     return np.frombuffer(data, dtype=np.float64) if len(data) == size else None
 
 
-def _values(objectives: Objectives) -> tuple[float, float, float, float]:
-    return objectives.utilization, objectives.qos_s, objectives.cost_usd, objectives.energy_j
-
-
 def _difference(after: np.ndarray | None, before: Objectives, seconds: float) -> Objectives | None:
     """The objectives of the horizon alone (utilization: the mean allocation share over it)."""
     if after is None:
         return None
-    change = after - np.array(_values(before))
+    change = after - np.array(astuple(before))
     return Objectives(float(change[0]) / seconds, float(change[1]), float(change[2]), float(change[3]))
