@@ -37,7 +37,7 @@ from simulator import study
 from simulator.clusterspec import ClusterSpec
 from simulator.keepalive import KeepAlivePolicy
 from simulator.knative import Autoscaler, AutoscalerConfig
-from simulator.nodes import Nodes
+from simulator.nodes import PROVISIONING_S, Nodes
 from simulator.workload import FunctionSpec, Workload
 
 FloatArray = npt.NDArray[np.float64]
@@ -48,6 +48,9 @@ QUEUE_PROXY_BYTES = 30 * MiB  # pulled by every node when Knative is installed
 QUEUE_PROXY_CPU_MILLI = 25  # queue-proxy's default CPU request
 COMPLETION_RING_S = 3600  # longest modelled request; longer ones are cut to an hour
 METRICS_EVERY_S = 10
+# How long a pod's wait for room counts as caused by placement: a new node's join time, plus
+# one metering step for the pod to be placed once it has joined.
+SCALE_UP_WAIT_S = PROVISIONING_S + METRICS_EVERY_S
 LATENCY_BIN_S = 0.05
 LATENCY_BINS = 24_000  # 0..1200 s
 # Knative's `revision-timeout-seconds` default: a request still buffered in the activator after
@@ -134,6 +137,9 @@ class Meters:
     # seconds pods wait for a node with room (the autoscaler adding one) x priority weight,
     # accrued while they wait: what packing costs when a burst finds the cluster drained
     weighted_capacity_s: float = 0.0
+    # the part of those a placement can cause: pods a node is being added for, up to the time a
+    # new node takes to join (a pod no pool can grow for waits whatever was placed)
+    weighted_scale_up_wait_s: float = 0.0
     weighted_sla_violations: float = 0.0  # requests over their class's SLA x priority weight
     utilization_s: float = 0.0  # CPU allocation share of existing nodes x seconds
 
@@ -546,11 +552,21 @@ class Simulation:
             self.result.meters.weighted_sla_violations += weight * count
 
     # -- accounting -------------------------------------------------------------------
+    def _scale_up_waiters(self, now: float) -> float:
+        """Priority-weighted waiting pods a node is being added for, in their first
+        `SCALE_UP_WAIT_S` of waiting."""
+        total = 0.0
+        for function in set(self.pending) - self._no_room:
+            recent = sum(1 for created in self.pending_since[function] if now - created <= SCALE_UP_WAIT_S)
+            total += PRIORITY_WEIGHT[self.functions[function].priority] * recent
+        return total
+
     def _account(self, now: float) -> None:
         nodes = self.nodes
         if self.pending:
             weights = sum(PRIORITY_WEIGHT[self.functions[f].priority] for f in self.pending)
             self.result.meters.weighted_capacity_s += weights * METRICS_EVERY_S
+            self.result.meters.weighted_scale_up_wait_s += self._scale_up_waiters(now) * METRICS_EVERY_S
         nodes.scale_down(now)
         self._meter_paid_idle()
         self.result.energy_j += nodes.watts(now) * METRICS_EVERY_S

@@ -16,6 +16,7 @@ from simulator import clusterspec, compare, engine, keepalive, traces
 from simulator.clusterspec import ClusterSpec
 from simulator.learning import environment, export, network, ppo, vectorized
 from simulator.learning.config import Args
+from simulator.nodes import PROVISIONING_S
 from tests.test_engine import one_function
 
 MiB = 1 << 20
@@ -228,6 +229,8 @@ def test_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     argv += ["--update-epochs", "1", "--episode-minutes", "5", "--hidden", "8", "--no-export-onnx"]
     assert cli.main([*argv, "--total-timesteps", "10"]) == 2
     assert "at least one batch (64)" in capsys.readouterr().err
+    assert cli.main([*argv, "--qos-counts-capacity-waits", "--qos-counts-scale-up-waits"]) == 2
+    assert "--qos-counts-capacity-waits already counts" in capsys.readouterr().err
     assert cli.main([*argv, "--total-timesteps", "64"]) == 0
     assert (tmp_path / "model.pt").is_file() and (tmp_path / "learning_curve.png").is_file()
     assert not (tmp_path / "placement.onnx").exists()
@@ -347,23 +350,28 @@ def test_request_weighted_qos_charges_the_requests_that_waited_on_the_pull(pool:
     assert reward == pytest.approx(-2.0 * pull_s * environment.REQUEST_QOS_SCALE / environment.REWARD_SCALE_S)
 
 
+def three_big_pods(cluster: ClusterSpec, minutes: int) -> engine.Simulation:
+    """Three pods of 6 cores (high priority), held at three by traffic for `minutes`."""
+    return engine.Simulation(
+        workload=one_function(initial_scale=3, cpu_milli=6000, concurrency_target=1.0, max_scale=3),
+        counts=np.full((1, minutes), 3000, dtype=np.int64),
+        cluster=cluster,
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name("knative"),
+        seed=1,
+        new_revisions=True,
+    )
+
+
 @pytest.mark.parametrize("minutes", [1, 2])
 def test_capacity_waits_are_metered_while_a_pod_waits_for_room(minutes: int) -> None:
     """Three pods of 6 cores (high priority, weight 2) on two 8-core nodes that cannot grow,
     held at three by traffic: the third waits for room the whole run, metered every 10 s from
     t = 0, so 2 x 60 s per minute; with `capacity_qos` the reward's QoS term adds it to the
     image waits, at the same scale."""
-    simulation = engine.Simulation(
-        workload=one_function(initial_scale=3, cpu_milli=6000, concurrency_target=1.0, max_scale=3),
-        counts=np.full((1, minutes), 3000, dtype=np.int64),
-        cluster=two_pool_cluster(),
-        placement=heuristics.kube_default(),
-        keepalive=keepalive.by_name("knative"),
-        seed=1,
-        new_revisions=True,
-    )
+    simulation = three_big_pods(two_pool_cluster(), minutes)
     qos_only = ObjectiveWeights(utilization=0, qos=1, cost=0, other=0)
-    with_waits = environment.RewardMeter(simulation, qos_only, capacity_qos=True)
+    with_waits = environment.RewardMeter(simulation, qos_only, capacity_qos="all")
     pulls_only = environment.RewardMeter(simulation, qos_only)
     result = engine.drive(simulation.steps(), lambda decision: int(np.flatnonzero(decision.feasible)[0]))
     assert result.pods_started == 2
@@ -375,3 +383,26 @@ def test_capacity_waits_are_metered_while_a_pod_waits_for_room(minutes: int) -> 
     assert with_waits.take(now=end) == pytest.approx(
         -(meters.weighted_pull_s + meters.weighted_capacity_s) * scale
     )
+
+
+@pytest.mark.parametrize("grows", [False, True])
+def test_scale_up_waits_count_only_what_a_placement_can_cause(grows: bool) -> None:
+    """The same three 6-core pods (weight 2) on two 8-core nodes. When no pool may grow, the
+    third pod's wait is no placement's doing: the scale-up meter, and a reward counting it,
+    leave it out. When one may, the pod waits for the new node (90 s, placed at the first
+    metering after it joins), all of which the scale-up meter counts."""
+    cluster = two_pool_cluster()
+    if grows:
+        slow = dataclasses.replace(cluster.pools[1], max=2)
+        cluster = dataclasses.replace(cluster, pools=(cluster.pools[0], slow))
+    simulation = three_big_pods(cluster, minutes=2)
+    qos_only = ObjectiveWeights(utilization=0, qos=1, cost=0, other=0)
+    scale_up = environment.RewardMeter(simulation, qos_only, capacity_qos="scale-up")
+    result = engine.drive(simulation.steps(), lambda decision: int(np.flatnonzero(decision.feasible)[0]))
+    meters = result.meters
+    assert result.pods_started == (3 if grows else 2)
+    expected = 2.0 * PROVISIONING_S if grows else 0.0
+    assert meters.weighted_scale_up_wait_s == pytest.approx(expected)
+    assert meters.weighted_capacity_s == pytest.approx(expected if grows else 2.0 * 120.0)
+    scale = environment.QOS_SCALE / environment.REWARD_SCALE_S
+    assert scale_up.take(now=120.0) == pytest.approx(-(meters.weighted_pull_s + expected) * scale)

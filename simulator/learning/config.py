@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from policies.residual import ResidualBase
+
+# Which seconds pods wait for room the reward's QoS term counts: none, all, or those a
+# placement can cause (`engine.Meters.weighted_scale_up_wait_s`).
+CapacityQos = Literal["", "all", "scale-up"]
 
 
 @dataclass
@@ -55,6 +60,8 @@ class Args:
     critic_sees_future: bool = True  # the critic reads the episode's coming arrivals (training only)
     request_weighted_qos: bool = False  # QoS: seconds requests waited on pulls, not seconds pods did
     qos_counts_capacity_waits: bool = False  # QoS also: seconds pods wait for a node with room
+    # QoS also: of those, the seconds a placement can cause (a node being added, up to its join)
+    qos_counts_scale_up_waits: bool = False
     shape_reward: bool = True  # potential-based shaping for node release
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 360  # 6 hours of the 12-hour training split
@@ -62,6 +69,13 @@ class Args:
     largest_cluster: int = 48  # the curriculum's largest initial cluster (Curriculum.up_to)
     device: str = "auto"  # auto: CUDA when present
     export_onnx: bool = True
+
+    @property
+    def capacity_qos(self) -> CapacityQos:
+        """Which waits for room the reward's QoS term counts (`environment.CapacityQos`)."""
+        if self.qos_counts_capacity_waits:
+            return "all"
+        return "scale-up" if self.qos_counts_scale_up_waits else ""
 
     def residual_base(self) -> ResidualBase | None:
         """The heuristic the actor's logits are a residual on (None: not a residual policy)."""

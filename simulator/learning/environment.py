@@ -27,6 +27,7 @@ from policies.residual import ResidualBase
 from simulator import engine, keepalive, traces, workload
 from simulator.clusterspec import ClusterSpec, Pool
 from simulator.engine import Decision, RunResult, Simulation
+from simulator.learning.config import CapacityQos
 from simulator.lookahead import Lookahead
 from simulator.nodes import SCALE_DOWN_UNNEEDED_S
 
@@ -144,7 +145,7 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         future: bool = False,
         clock: bool = False,
         request_weighted_qos: bool = False,
-        capacity_qos: bool = False,
+        capacity_qos: CapacityQos = "",
     ) -> None:
         """`base`: a residual policy's heuristic, whose logits the observation carries.
         `future`: the observation carries `future_features` of the episode's arrivals, for the
@@ -152,7 +153,8 @@ class PlacementEnv(gym.Env[dict[str, np.ndarray], int]):
         decision's simulated time, for a discount per second rather than per decision.
         `request_weighted_qos`: the QoS term is the seconds requests waited on pulls (what the
         composite counts), not the seconds pods did. `capacity_qos`: the QoS term also counts
-        the seconds pods wait for a node with room."""
+        the seconds pods wait for a node with room ("all"), or their part a placement can
+        cause ("scale-up": `Meters.weighted_scale_up_wait_s`)."""
         self.request_weighted_qos, self.capacity_qos = request_weighted_qos, capacity_qos
         self.draw, self.rows, self.weights = draw, max_rows, weights or ObjectiveWeights()
         self.shaping_gamma = shaping_gamma  # the learner's discount when the reward is shaped
@@ -313,11 +315,12 @@ class RewardMeter:
         *,
         per_second: bool = False,
         request_weighted_qos: bool = False,
-        capacity_qos: bool = False,
+        capacity_qos: CapacityQos = "",
     ) -> None:
         """`gamma`: the learner's discount, to add the shaping term; None: no shaping.
         `per_second`: `gamma` discounts a second of simulated time, not a decision.
-        `capacity_qos`: pods' seconds waiting for room count as QoS, as image waits do."""
+        `capacity_qos`: pods' seconds waiting for room count as QoS, as image waits do: all of
+        them ("all") or those a placement can cause ("scale-up")."""
         self.per_second, self.request_weighted_qos = per_second, request_weighted_qos
         self.capacity_qos = capacity_qos
         spec = simulation.nodes.spec
@@ -351,8 +354,10 @@ class RewardMeter:
     def _totals(self) -> tuple[float, float, float, float]:
         meters = self.result.meters
         pull = meters.weighted_request_pull_s if self.request_weighted_qos else meters.weighted_pull_s
-        if self.capacity_qos:
+        if self.capacity_qos == "all":
             pull += meters.weighted_capacity_s
+        elif self.capacity_qos == "scale-up":
+            pull += meters.weighted_scale_up_wait_s
         return meters.utilization_s, pull, self.result.cost_usd, self.result.energy_j
 
     def take(self, *, now: float | None = None) -> float:

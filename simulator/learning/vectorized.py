@@ -100,7 +100,7 @@ class LocalEnvironments:
                 future=args.critic_sees_future,
                 clock=args.gamma_per_second > 0,
                 request_weighted_qos=args.request_weighted_qos,
-                capacity_qos=args.qos_counts_capacity_waits,
+                capacity_qos=args.capacity_qos,
             )
 
         self.envs = gym.vector.SyncVectorEnv(
