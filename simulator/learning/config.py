@@ -72,7 +72,7 @@ class Args:
 
     @property
     def capacity_qos(self) -> CapacityQos:
-        """Which waits for room the reward's QoS term counts (`environment.CapacityQos`)."""
+        """Which waits for room the reward's QoS term counts (`CapacityQos`)."""
         if self.qos_counts_capacity_waits:
             return "all"
         return "scale-up" if self.qos_counts_scale_up_waits else ""
