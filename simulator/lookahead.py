@@ -72,8 +72,10 @@ class Lookahead:
         where it beats the rollout's choice by `margin`; the rollout's choice otherwise, and
         whenever the rollout's own copy could not be measured."""
         (first, first_score), *others = self.outcomes(simulation, steps, decision)
+        if first_score == float("inf"):  # nothing to compare the others with
+            return first
         best, best_score = min(others, key=lambda outcome: outcome[1], default=(first, first_score))
-        return best if best_score < first_score - self.margin < float("inf") else first
+        return best if best_score < first_score - self.margin else first
 
     def _fork(
         self, simulation: Simulation, steps: Steps, row: int, end_minute: int
