@@ -54,11 +54,19 @@ def test_tuning_refuses_the_evaluation_split() -> None:
 
 def test_tuning_picks_the_best_combination_of_its_grid() -> None:
     case = evaluation.Case("small", 3, 20, (0, 60))
-    result = evaluation.tune(compare.BUNDLED_TRACE, cases=(case,), grid=(0.0, 1.0), workers=1)
+    result = evaluation.tune(
+        compare.BUNDLED_TRACE, cases=(case,), grid=dict.fromkeys(evaluation.TUNE_TERMS, (0.0, 1.0)), workers=1
+    )
     scores = [entry["composite"] for entry in result["ranking"]]
     assert scores == sorted(scores) and result["composite_vs_kube_default"] == scores[0]
     assert set(result["weights"]) == {"BalancedAllocation", *evaluation.TUNE_TERMS}
     heuristics.weighted("check", result["weights"])  # the written weights load as a policy
+
+
+def test_tuning_refuses_a_grid_without_every_term() -> None:
+    case = evaluation.Case("small", 3, 20, (0, 60))
+    with pytest.raises(ValueError, match="must give values for exactly"):
+        evaluation.tune(compare.BUNDLED_TRACE, cases=(case,), grid={"ImageLocality": (1.0,)})
 
 
 def test_shipped_tuned_weights_load() -> None:
