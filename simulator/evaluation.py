@@ -346,22 +346,21 @@ def _no_worse(summary: Mapping[str, float], neutral: float, limit: float) -> boo
 TUNE_TERMS = ("MostAllocated", "ImageLocality", "Cheapness", "PowerEfficiency")
 # Values tried per term (BalancedAllocation stays at 1, the unit). ImageLocality reaches 30:
 # with (0, 1, 3) for every term the best combination sat at the grid's edge, 3, and weights of
-# 10-20 beat it on held-out windows (docs/placement-policy.md, 2026-12-05).
+# 10-30 beat it on other windows of the training split (docs/placement-policy.md, "Route 5").
 TUNE_GRID: Mapping[str, tuple[float, ...]] = {
     "MostAllocated": (0.0, 1.0, 3.0),
     "ImageLocality": (1.0, 3.0, 10.0, 30.0),
     "Cheapness": (0.0, 1.0),
     "PowerEfficiency": (0.0, 1.0),
 }
-# Four 4-hour windows of the training split, two per cluster, each with its own seed: one seed
-# per cluster let a lucky draw pick the weights.
+# 4-hour windows of the training split, two per cluster, each with its own seed: one seed per
+# cluster let a lucky draw pick the weights.
 TUNE_CASES = (
     Case("small", 11, 80, (TRAIN_MINUTES[0], TRAIN_MINUTES[0] + 240)),
     Case("small", 13, 80, (TRAIN_MINUTES[0] + 240, TRAIN_MINUTES[0] + 480)),
     Case("medium", 12, 338, (TRAIN_MINUTES[1] - 240, TRAIN_MINUTES[1])),
     Case("medium", 14, 338, (TRAIN_MINUTES[1] - 480, TRAIN_MINUTES[1] - 240)),
-    # `large` too (since 2026-12-05): weights tuned on small and medium alone lost to
-    # kube-default on it.
+    # Weights tuned on small and medium alone lost to kube-default on `large`.
     Case("large", 15, 338, (TRAIN_MINUTES[0] + 240, TRAIN_MINUTES[0] + 480)),
     Case("large", 16, 338, (TRAIN_MINUTES[1] - 240, TRAIN_MINUTES[1])),
 )
@@ -392,7 +391,7 @@ def tune(
     for case in cases:
         if case.minutes[1] > TRAIN_MINUTES[1]:
             raise ValueError(f"tuning case {case} reaches beyond the training split")
-    if set(grid) != set(TUNE_TERMS):
+    if set(grid) != set(TUNE_TERMS) or not all(grid.values()):
         raise ValueError(f"the tuning grid must give values for exactly {', '.join(TUNE_TERMS)}")
     combos = [c for c in itertools.product(*(grid[term] for term in TUNE_TERMS)) if any(c)]
     reference = tuple(0.0 for _ in TUNE_TERMS)  # the all-zero combination stands for kube-default

@@ -67,6 +67,9 @@ def test_tuning_refuses_a_grid_without_every_term() -> None:
     case = evaluation.Case("small", 3, 20, (0, 60))
     with pytest.raises(ValueError, match="must give values for exactly"):
         evaluation.tune(compare.BUNDLED_TRACE, cases=(case,), grid={"ImageLocality": (1.0,)})
+    empty_term = {**dict.fromkeys(evaluation.TUNE_TERMS, (1.0,)), "Cheapness": ()}
+    with pytest.raises(ValueError, match="must give values for exactly"):
+        evaluation.tune(compare.BUNDLED_TRACE, cases=(case,), grid=empty_term)
 
 
 def test_shipped_tuned_weights_load() -> None:
