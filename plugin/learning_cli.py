@@ -159,6 +159,8 @@ def _train(args: argparse.Namespace) -> int:
         raise SettingsError(
             f"--fewest-functions-per-node must be in (0, 4.5], not {options.fewest_functions_per_node}"
         )
+    if not 1.0 <= options.max_arrival_scale <= 10.0:
+        raise SettingsError(f"--max-arrival-scale must be in [1, 10], not {options.max_arrival_scale}")
     environments = _environments(options, args.ray_address, args.workers)
     console = Console(stderr=True)
     updates = max(options.total_timesteps // options.batch_size, 1)

@@ -13,7 +13,6 @@ Tuning (`tune`) sees only the training split; evaluation only the evaluation spl
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -79,11 +78,7 @@ def case_trace(trace: traces.Trace, case: Case) -> traces.Trace:
         rows = rows[np.asarray(trace.populations) == case.population]
     if case.functions is not None and case.functions < rows.size:
         rows = np.sort(np.random.default_rng(case.seed).choice(rows, size=case.functions, replace=False))
-    window = trace.subset(rows).window(*case.minutes)
-    if case.arrival_scale == 1.0:
-        return window
-    scaled = np.round(window.counts * case.arrival_scale).astype(np.int64)
-    return dataclasses.replace(window, counts=scaled)
+    return trace.subset(rows).window(*case.minutes).scaled(case.arrival_scale)
 
 
 def simulate(window: traces.Trace, cluster: str, seed: int, policy: PlacementPolicy) -> engine.RunResult:

@@ -19,6 +19,7 @@ from dataclasses import astuple, dataclass, field, fields
 
 import numpy as np
 
+from policies import ranking
 from policies.objectives import Objectives, ObjectiveWeights, composite
 from policies.placement import PlacementPolicy
 from simulator import engine
@@ -46,8 +47,8 @@ class Lookahead:
     def ranked(self, decision: Decision) -> np.ndarray:
         """The feasible rows, the rollout policy's best first (ties in row order)."""
         feasible = np.flatnonzero(decision.feasible)
-        scores = np.asarray(self.rollout.score(decision.pod, decision.nodes.take(feasible)))
-        return feasible[np.argsort(-scores, kind="stable")]
+        candidates = decision.nodes.take(feasible)
+        return feasible[ranking.rank(decision.pod, candidates, self.rollout, prefiltered=True).best_first()]
 
     def outcomes(self, simulation: Simulation, steps: Steps, decision: Decision) -> list[tuple[int, float]]:
         """(row, composite against the candidates' mean) per candidate, the rollout's best first.

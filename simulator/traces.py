@@ -16,7 +16,7 @@ import gzip
 import io
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +73,14 @@ class Trace:
             memory_mb=self.memory_mb[index],
             duration_count=self.duration_count[index],
         )
+
+    def scaled(self, factor: float) -> Trace:
+        """Every minute's invocations times `factor`, rounded: a busier (or quieter) day of the
+        same functions."""
+        if factor == 1.0:
+            return self
+        counts = np.round(self.counts * factor).astype(np.int64)
+        return replace(self, counts=counts)
 
     def window(self, start_minute: int, end_minute: int) -> Trace:
         """The same functions over minutes [start, end): e.g. the first 12 hours for training."""

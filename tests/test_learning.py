@@ -271,6 +271,25 @@ def test_shaping_credits_packing_by_the_idle_cpu_it_saves() -> None:
     assert second_reward(same_node=False) == pytest.approx(0.0)
 
 
+def test_arrival_scaling_multiplies_the_same_window(scenarios: environment.Scenarios) -> None:
+    """Scaled episodes are the unscaled ones with every minute's invocations times one factor in
+    [1, max]; unscaled training draws exactly what it drew before the option existed."""
+    busy = dataclasses.replace(scenarios, max_arrival_scale=3.0)
+    factors = []
+    for seed in range(12):
+        plain, scaled = scenarios.draw(np.random.default_rng(seed)), busy.draw(np.random.default_rng(seed))
+        assert (plain.trace.func_ids, plain.cluster, plain.seed) == (
+            scaled.trace.func_ids,
+            scaled.cluster,
+            scaled.seed,
+        )
+        assert (scaled.trace.counts >= plain.trace.counts).all()
+        assert (scaled.trace.counts <= np.round(plain.trace.counts * 3.0)).all()
+        busiest = np.unravel_index(np.argmax(plain.trace.counts), plain.trace.counts.shape)
+        factors.append(scaled.trace.counts[busiest] / max(plain.trace.counts[busiest], 1))
+    assert max(factors) > 1.5 and min(factors) < 1.5  # drawn over the range, not one value
+
+
 def test_curriculum_up_to_48_nodes_is_the_default() -> None:
     assert environment.Curriculum.up_to(48) == environment.Curriculum()
     assert environment.Curriculum.up_to(96).stages[-1] == (40, 96)

@@ -247,6 +247,7 @@ def test_shortlisting_environment_serves_what_the_model_is_trained_on(
         (["--residual", "random"], "--residual: 'random' is not a weighted sum"),
         (["--residual", "tuned", "--residual-scale", "-1"], "--residual: residual scale must be a positive"),
         (["--fewest-functions-per-node", "0"], "--fewest-functions-per-node must be in (0, 4.5]"),
+        (["--max-arrival-scale", "0.5"], "--max-arrival-scale must be in [1, 10], not 0.5"),
         (["--residual-top-k", "-2"], "--residual-top-k must be >= 0 and needs --residual, not -2"),
         (["--residual", "", "--residual-top-k", "8"], "--residual-top-k must be >= 0 and needs --residual"),
     ],

@@ -67,6 +67,8 @@ class Args:
     episode_minutes: int = 360  # 6 hours of the 12-hour training split
     fewest_functions_per_node: float = 0.3  # the sparsest episodes' functions per node (most: 4.5)
     largest_cluster: int = 48  # the curriculum's largest initial cluster (Curriculum.up_to)
+    # > 1: episodes' invocations scaled by a factor drawn log-uniformly from [1, this]
+    max_arrival_scale: float = 1.0
     device: str = "auto"  # auto: CUDA when present
     export_onnx: bool = True
 

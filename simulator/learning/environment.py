@@ -95,6 +95,9 @@ class Scenarios:
     curriculum: Curriculum = field(default_factory=Curriculum)
     minutes: tuple[int, int] = traces.TRAIN_MINUTES  # the only part training sees
     progress: float = 0.0  # 0..1, set by the trainer
+    # > 1: each episode's invocations times a factor drawn log-uniformly from [1, this], so
+    # training meets the bursts a quiet training split lacks (1: the trace as it is)
+    max_arrival_scale: float = 1.0
 
     def draw(self, rng: np.random.Generator) -> Scenario:
         low, high = self.curriculum.stage(self.progress)
@@ -105,7 +108,10 @@ class Scenarios:
         rows = np.sort(rng.choice(len(self.trace), size=count, replace=False))
         start = int(rng.integers(self.minutes[0], self.minutes[1] - self.curriculum.minutes + 1))
         window = self.trace.subset(rows).window(start, start + self.curriculum.minutes)
-        return Scenario(trace=window, cluster=cluster, seed=int(rng.integers(2**31)))
+        seed = int(rng.integers(2**31))
+        if self.max_arrival_scale > 1.0:  # drawn last: unscaled training keeps its random stream
+            window = window.scaled(float(np.exp(rng.uniform(0.0, np.log(self.max_arrival_scale)))))
+        return Scenario(trace=window, cluster=cluster, seed=seed)
 
     @property
     def max_rows(self) -> int:

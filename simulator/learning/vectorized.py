@@ -57,6 +57,7 @@ def scenarios(args: Args, trace: traces.Trace) -> environment.Scenarios:
         curriculum=environment.Curriculum.up_to(
             args.largest_cluster, args.episode_minutes, args.fewest_functions_per_node
         ),
+        max_arrival_scale=args.max_arrival_scale,
     )
 
 
