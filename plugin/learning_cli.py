@@ -134,8 +134,6 @@ def _train(args: argparse.Namespace) -> int:
             heuristics.by_name(options.imitate)  # unknown, or tuned weights unreadable
         except (KeyError, ValueError) as error:
             raise SettingsError("--imitate: " + str(error).strip("'\"")) from error
-    if options.qos_counts_capacity_waits and options.qos_counts_scale_up_waits:
-        raise SettingsError("--qos-counts-capacity-waits already counts --qos-counts-scale-up-waits' seconds")
     if not 0.0 <= options.teach_share <= 1.0:
         raise SettingsError(f"--teach-share must be in [0, 1], not {options.teach_share}")
     if options.lookahead_candidates < 1 or options.lookahead_minutes < 1:

@@ -229,8 +229,6 @@ def test_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     argv += ["--update-epochs", "1", "--episode-minutes", "5", "--hidden", "8", "--no-export-onnx"]
     assert cli.main([*argv, "--total-timesteps", "10"]) == 2
     assert "at least one batch (64)" in capsys.readouterr().err
-    assert cli.main([*argv, "--qos-counts-capacity-waits", "--qos-counts-scale-up-waits"]) == 2
-    assert "--qos-counts-capacity-waits already counts" in capsys.readouterr().err
     assert cli.main([*argv, "--total-timesteps", "64"]) == 0
     assert (tmp_path / "model.pt").is_file() and (tmp_path / "learning_curve.png").is_file()
     assert not (tmp_path / "placement.onnx").exists()

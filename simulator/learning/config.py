@@ -17,7 +17,7 @@ CapacityQos = Literal["", "all", "scale-up"]
 class Args:
     """Every hyperparameter, with why it has its value."""
 
-    seed: int = 2  # seeds python, numpy, torch and every environment (2: the shipped model's)
+    seed: int = 3  # seeds python, numpy, torch and every environment (3: the shipped model's)
     trace: Path = Path(__file__).resolve().parents[1] / "data" / "azure2019_slice"
     shapes: str = "medium"  # the cluster spec whose pool shapes the curriculum mixes
     out: Path = Path("runs/placement")
@@ -60,8 +60,9 @@ class Args:
     critic_sees_future: bool = True  # the critic reads the episode's coming arrivals (training only)
     request_weighted_qos: bool = False  # QoS: seconds requests waited on pulls, not seconds pods did
     qos_counts_capacity_waits: bool = False  # QoS also: seconds pods wait for a node with room
-    # QoS also: of those, the seconds a placement can cause (a node being added, up to its join)
-    qos_counts_scale_up_waits: bool = False
+    # QoS also: of those, the seconds a placement can cause (a node being added, up to its
+    # join); counted in the above too, which wins when both are set
+    qos_counts_scale_up_waits: bool = True
     shape_reward: bool = True  # potential-based shaping for node release
     hidden: int = 32  # per-node width: inference cost grows with its square and the node count
     episode_minutes: int = 360  # 6 hours of the 12-hour training split
