@@ -4,8 +4,8 @@ Ray actors (`kdrl train --ray-address ADDR --workers N`).
     python -m bench.training                               # in-process, ray:1, ray:2
     python -m bench.training --engines local,ray:2 --updates 3
 
-Each row is a fresh run of the same configuration (the default `Args`, a few updates of
-`num_envs x num_steps` placements, seed 1): PPO as `kdrl train` runs it (rollouts and updates;
+Each row is a fresh run of the same configuration (the default `Args`, its seed included, a few
+updates of `num_envs x num_steps` placements): PPO as `kdrl train` runs it (rollouts and updates;
 placements per second of wall time after the first update, so Ray's start is left out), and
 the environments alone, stepped with the first feasible node (the rollouts without the learner).
 `ray:N` starts a local Ray of N CPUs with N actors: on one machine, the learner and the actors

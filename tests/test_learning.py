@@ -271,7 +271,7 @@ def test_shaping_credits_packing_by_the_idle_cpu_it_saves() -> None:
 
 def test_arrival_scaling_multiplies_the_same_window(scenarios: environment.Scenarios) -> None:
     """Scaled episodes are the unscaled ones with every minute's invocations times one factor in
-    [1, max]; unscaled training draws exactly what it drew before the option existed."""
+    [1, max]: the functions, cluster and seed are drawn exactly as without scaling."""
     busy = dataclasses.replace(scenarios, max_arrival_scale=3.0)
     factors = []
     for seed in range(12):
@@ -283,8 +283,9 @@ def test_arrival_scaling_multiplies_the_same_window(scenarios: environment.Scena
         )
         assert (scaled.trace.counts >= plain.trace.counts).all()
         assert (scaled.trace.counts <= np.round(plain.trace.counts * 3.0)).all()
-        busiest = np.unravel_index(np.argmax(plain.trace.counts), plain.trace.counts.shape)
-        factors.append(scaled.trace.counts[busiest] / max(plain.trace.counts[busiest], 1))
+        if (total := plain.trace.counts.sum()) >= 100:  # enough invocations to read the factor
+            factors.append(scaled.trace.counts.sum() / total)
+    assert len(factors) >= 6
     assert max(factors) > 1.5 and min(factors) < 1.5  # drawn over the range, not one value
 
 
