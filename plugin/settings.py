@@ -304,10 +304,10 @@ class PrewarmSettings:
         check=_positive,
     )
     hybrid_memory_share: float = _setting(
-        0.85,
+        0.75,
         "KDRL_PREWARM_HYBRID_MEMORY_SHARE",
-        "Hold no more memory warm than this share of what the hybrid histogram (SitW) would hold "
-        "now; 0 turns this cap off (the GiB budget still holds).",
+        "Leave no more memory idle, in expectation, than this share of what the hybrid histogram "
+        "(SitW) would leave idle now; 0 turns this cap off (the GiB budget still holds).",
         check=_not_negative,
     )
     scale_down_utilization: float = _setting(

@@ -5,9 +5,11 @@ expected benefit of a warm replica until the next plan, P(invoked within the loo
 cold start it avoids x its priority's value (`batch` the least: it gets what the others leave),
 against its cost: idle memory-time at idle power, plus the node's price unless it fits free
 memory (and, for a GPU function, a free GPU) on nodes that stay up anyway. One memory budget
-serves all functions, spent highest benefit per byte first (a Lagrangian knapsack solved
-greedily each cycle: every function's memory is weighed at the price of the last one taken),
-capped at the operator's GiB budget and at a share of what the hybrid histogram would hold now.
+serves all functions, counted in the memory each replica is expected to leave idle (the goal's
+unit: a replica of a function that is nearly always busy wastes little) and spent highest benefit
+per expected idle byte first (a Lagrangian knapsack solved greedily each cycle: every function's
+idle memory is weighed at the price of the last one taken), up to a share of the memory the
+hybrid histogram would leave idle now; the operator's GiB budget caps the memory held.
 The replicas it holds expire after the window unless a later plan renews them; a function whose
 author opted out (`kdrl.dev/prewarm: "false"`) is left alone. Every entry says why
 (probability, window, benefit, cost, the function's idle-time class, whether it pays
@@ -61,11 +63,14 @@ class PlannerSettings:
     # (the median over GPU nodes), else this, a single-GPU inference node's on-demand price.
     gpu_price_per_hour: float = 1.0
     prepull_nodes: int = 2  # top-k placement choices to pull an image onto
-    # Spend no more memory each cycle than this share of what the hybrid histogram would hold
-    # now (on top of the budget's own cap; None: no such cap): the published policy's memory,
-    # spent where it avoids the most cold starts. Below 1 because Knative's own idle pods (its
-    # scale-to-zero delay) come on top of what the planner holds.
-    hybrid_memory_share: float | None = 0.85
+    # Leave no more memory idle each cycle, in expectation, than this share of what the hybrid
+    # histogram would leave idle now (on top of the budget's own cap; None: no such cap): the
+    # published policy's waste, spent where it avoids the most cold starts. Below 1 because
+    # Knative's own idle pods (its scale-to-zero delay) come on top of what the planner holds.
+    hybrid_memory_share: float | None = 0.75
+    # A replica is expected to idle (1 - P(invoked within the lookahead)) of its memory, but is
+    # charged at least this share: P is a forecast, and a busy pod's memory is not free.
+    idle_floor: float = 0.05
     # A node whose requested CPU or memory share is above this stays up (the cluster
     # autoscaler's --scale-down-utilization-threshold, 0.5 by default): a warm replica in its
     # free memory costs idle power, not node-hours.
@@ -151,20 +156,21 @@ def plan(
             continue
         assert state is not None
         candidates.append((_evaluate(now_minute, forecast, state, config), state))
-    # The hybrid's memory is a target (the last entry may cross it, or a lone function could
-    # never be warmed); the operator's budget is a hard cap.
+    # The hybrid's idle memory is a target (the last entry may cross it, or a lone function could
+    # never be warmed); the operator's budget is a hard cap on the memory held.
     target = float("inf")
     if config.hybrid_memory_share is not None:
-        target = config.hybrid_memory_share * hybrid_memory(forecasts, states)
-    # Highest benefit per byte first: every function's warm memory is weighed at one price, the
-    # benefit per byte of the last one taken (a Lagrangian knapsack, solved greedily per cycle).
+        target = config.hybrid_memory_share * hybrid_idle_memory(forecasts, states, config)
+    charges = {s.function: _idle_bytes(e, s, config.idle_floor) for e, s in candidates}
+    # Highest benefit per idle byte first: every function's idle memory is weighed at one price,
+    # that of the last one taken (a Lagrangian knapsack, solved greedily per cycle).
     candidates.sort(
-        key=lambda c: (-c[0].reason.benefit_usd / (c[0].replicas * c[1].memory_bytes), c[1].function)
+        key=lambda c: (-c[0].reason.benefit_usd / max(charges[c[1].function], 1.0), c[1].function)
     )
     free = free_memory(nodes, config.scale_down_utilization)
     free_gpus = free_gpu(nodes, config.scale_down_utilization)
     gpu_price_per_s = _gpu_price_per_s(nodes, config) if any(s.pod.gpu for _, s in candidates) else 0.0
-    warm, spent, spent_gpus = [], 0, 0
+    warm, spent, spent_gpus, charged = [], 0, 0, 0.0
     for entry, state in candidates:
         need, need_gpus = entry.replicas * state.memory_bytes, entry.replicas * state.pod.gpu
         reason = _priced(
@@ -177,10 +183,11 @@ def plan(
         )
         if reason.benefit_usd <= reason.cost_usd:
             skipped.append((entry.function, "cost exceeds benefit"))
-        elif spent + need > budget.warm_memory_bytes or spent >= target:
+        elif spent + need > budget.warm_memory_bytes or charged >= target:
             skipped.append((entry.function, "warm-memory budget exhausted"))
         else:
             spent, spent_gpus = spent + need, spent_gpus + need_gpus
+            charged += charges[state.function]
             warm.append((replace(entry, reason=reason), state))
     pulls = _pulls(candidates, nodes, budget, policy, config)
     return PrewarmPlan(
@@ -191,14 +198,23 @@ def plan(
     )
 
 
-def hybrid_memory(forecasts: Mapping[str, Forecast], states: Mapping[str, FunctionState]) -> int:
-    """The memory the hybrid histogram would hold loaded now: one instance of each function
-    inside its windows."""
+def hybrid_idle_memory(
+    forecasts: Mapping[str, Forecast], states: Mapping[str, FunctionState], config: PlannerSettings
+) -> float:
+    """The memory the hybrid histogram is expected to leave idle now (one instance of each
+    function inside its windows, unless invoked within the lookahead), charged as the planner
+    charges its own replicas: the target must cover holding what the hybrid holds."""
     return sum(
         states[function].memory_bytes
+        * max(1.0 - _probability(forecast, config.lookahead_minutes), config.idle_floor)
         for function, forecast in forecasts.items()
         if function in states and forecast.hybrid_holds
     )
+
+
+def _idle_bytes(entry: WarmEntry, state: FunctionState, floor: float) -> float:
+    """The memory a warm entry is expected to leave idle until the next plan."""
+    return entry.replicas * state.memory_bytes * max(1.0 - entry.reason.probability, floor)
 
 
 def free_memory(nodes: NodeTable, scale_down_utilization: float) -> int:

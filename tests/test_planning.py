@@ -16,7 +16,7 @@ from prewarm.planning import (
     PlannerSettings,
     free_gpu,
     free_memory,
-    hybrid_memory,
+    hybrid_idle_memory,
     plan,
 )
 
@@ -203,15 +203,43 @@ def test_the_knapsack_takes_the_most_benefit_per_byte_under_the_cap() -> None:
     assert ("ns/c", "warm-memory budget exhausted") in result.skipped
 
 
-def test_no_more_memory_than_the_hybrid_histogram_would_hold() -> None:
+def test_no_more_idle_memory_than_the_hybrid_histogram_would_leave() -> None:
     held = forecast("ns/held", probability=0.5)  # inside its keep-alive window
-    gone = dataclasses.replace(forecast("ns/gone", probability=0.9), elapsed_minutes=30)  # past it
-    states = [state("ns/held"), state("ns/gone")]
-    assert hybrid_memory({"ns/held": held, "ns/gone": gone}, {s.function: s for s in states}) == GiB // 2
-    result = run([held, gone], states, hybrid_memory_share=1.0)
-    # The hybrid would hold ns/held only; the planner spends that memory on the likelier ns/gone.
-    assert [w.function for w in result.warm] == ["ns/gone"]
+    gone = dataclasses.replace(forecast("ns/gone", probability=0.5), elapsed_minutes=30)  # past it
+    sure = dataclasses.replace(forecast("ns/sure", probability=1.0), elapsed_minutes=30)
+    states = [state("ns/held", cold_start_s=2.0), state("ns/gone"), state("ns/sure")]
+    forecasts = {f.function: f for f in (held, gone, sure)}
+    # The hybrid would hold ns/held alone, idle half the time.
+    assert hybrid_idle_memory(forecasts, {s.function: s for s in states}, PlannerSettings()) == GiB // 4
+    result = run([held, gone, sure], states, hybrid_memory_share=1.0)
+    # ns/sure is charged the floor (5 % of 0.5 GiB), ns/gone half its memory: the target is
+    # crossed, and ns/held, the least benefit per idle byte, is left cold.
+    assert [w.function for w in result.warm] == ["ns/sure", "ns/gone"]
     assert ("ns/held", "warm-memory budget exhausted") in result.skipped
+
+
+def test_a_busy_function_is_warmed_before_an_idle_one_of_equal_benefit() -> None:
+    # Equal expected benefit (0.95 x 8 s = 0.38 x 20 s) and memory; held memory would tie them and
+    # the name would pick ns/a-idle, but ns/b-busy is expected to waste an eighth as much.
+    forecasts = [forecast("ns/a-idle", probability=0.38), forecast("ns/b-busy", probability=0.95)]
+    states = [state("ns/a-idle", cold_start_s=20.0), state("ns/b-busy")]
+    result = run(forecasts, states, hybrid_memory_share=0.05)
+    assert [w.function for w in result.warm] == ["ns/b-busy"]
+    assert ("ns/a-idle", "warm-memory budget exhausted") in result.skipped
+
+
+def test_a_replica_is_charged_at_least_the_idle_floor() -> None:
+    held = forecast("ns/held", probability=0.5)  # the hybrid's: a quarter GiB idle, the target
+    quiet_since = 30  # past the hybrid's keep-alive: it holds none of these
+    sure = [
+        dataclasses.replace(forecast(f"ns/s{i}", probability=0.999), elapsed_minutes=quiet_since)
+        for i in range(4)
+    ]
+    states = [state("ns/held", cold_start_s=0.1), *(state(f.function) for f in sure)]
+    floored = run([held, *sure], states, hybrid_memory_share=1.0, idle_floor=0.25)
+    assert [w.function for w in floored.warm] == ["ns/s0", "ns/s1"]  # an eighth of a GiB each
+    unfloored = run([held, *sure], states, hybrid_memory_share=1.0, idle_floor=0.0)
+    assert {f.function for f in sure} <= {w.function for w in unfloored.warm}
 
 
 def test_free_memory_on_nodes_that_stay_up_costs_only_power() -> None:
@@ -275,3 +303,11 @@ def test_a_gpu_replica_pays_a_gpu_nodes_price_unless_a_node_that_stays_up_has_on
     # (0.8 x 8 s x $0.01 = $0.064 of benefit), not to the normal one ($0.0064).
     assert [w.function for w in result.warm] == warmed
     assert [w.reason.paid for w in result.warm] == paid
+
+
+def test_what_the_hybrid_holds_busy_still_buys_its_warmth() -> None:
+    # The hybrid holds one function invoked every minute: it idles nothing, but the target is
+    # counted as the planner counts its replicas (the floor), so the planner may hold it too.
+    busy = forecast("ns/busy", probability=1.0)
+    result = run([busy], [state("ns/busy")], hybrid_memory_share=1.0)
+    assert [w.function for w in result.warm] == ["ns/busy"]
