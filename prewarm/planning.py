@@ -161,7 +161,10 @@ def plan(
     target = float("inf")
     if config.hybrid_memory_share is not None:
         target = config.hybrid_memory_share * hybrid_idle_memory(forecasts, states, config)
-    charges = {s.function: _idle_bytes(e, s, config.idle_floor) for e, s in candidates}
+    charges = {
+        s.function: _idle_bytes(e.replicas * s.memory_bytes, e.reason.probability, config)
+        for e, s in candidates
+    }
     # Highest benefit per idle byte first: every function's idle memory is weighed at one price,
     # that of the last one taken (a Lagrangian knapsack, solved greedily per cycle).
     candidates.sort(
@@ -205,16 +208,15 @@ def hybrid_idle_memory(
     function inside its windows, unless invoked within the lookahead), charged as the planner
     charges its own replicas: the target must cover holding what the hybrid holds."""
     return sum(
-        states[function].memory_bytes
-        * max(1.0 - _probability(forecast, config.lookahead_minutes), config.idle_floor)
+        _idle_bytes(states[function].memory_bytes, _probability(forecast, config.lookahead_minutes), config)
         for function, forecast in forecasts.items()
         if function in states and forecast.hybrid_holds
     )
 
 
-def _idle_bytes(entry: WarmEntry, state: FunctionState, floor: float) -> float:
-    """The memory a warm entry is expected to leave idle until the next plan."""
-    return entry.replicas * state.memory_bytes * max(1.0 - entry.reason.probability, floor)
+def _idle_bytes(held_bytes: int, probability: float, config: PlannerSettings) -> float:
+    """The memory held warm that is expected to sit idle until the next plan."""
+    return held_bytes * max(1.0 - probability, config.idle_floor)
 
 
 def free_memory(nodes: NodeTable, scale_down_utilization: float) -> int:

@@ -220,7 +220,7 @@ def test_no_more_idle_memory_than_the_hybrid_histogram_would_leave() -> None:
 
 def test_a_busy_function_is_warmed_before_an_idle_one_of_equal_benefit() -> None:
     # Equal expected benefit (0.95 x 8 s = 0.38 x 20 s) and memory; held memory would tie them and
-    # the name would pick ns/a-idle, but ns/b-busy is expected to waste an eighth as much.
+    # the name would pick ns/a-idle, but ns/b-busy is expected to waste a twelfth as much.
     forecasts = [forecast("ns/a-idle", probability=0.38), forecast("ns/b-busy", probability=0.95)]
     states = [state("ns/a-idle", cold_start_s=20.0), state("ns/b-busy")]
     result = run(forecasts, states, hybrid_memory_share=0.05)
