@@ -3,7 +3,8 @@
 Bind hands over references (the pod, the candidates' immutable table, the policy's scores):
 an append. Every `flush_s` their feature rows are encoded as the model saw them, one placement
 at a time between requests, and written to the history database (`policies.decision_records`)
-by SQLite in a thread, with the pods' outcomes as their events report them Ready. A placement
+by SQLite on the recorder's own thread, with the pods' outcomes as their events report them
+Ready. A placement
 costs about a millisecond at 1,000 nodes, so at most `max_per_s` are recorded (the rest counted
 as `over_rate`, never the extender slowed); the table keeps `retention_s` and `max_rows`.
 """
@@ -15,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,9 @@ class DecisionRecorder:
         self._outcomes: list[tuple[str, float, float, float | None, float | None]] = []
         self._trimmed = 0.0
         self._flushing = asyncio.Lock()  # held while a periodic flush has rows taken, not yet written
+        # One thread owns the SQLite connection: a write that outlives its cancelled flush, the
+        # final flush and close queue behind each other (closing under a write crashes Python).
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="decisions")
 
     def served(self, decision: Decision, loaded: LoadedPolicy) -> None:
         """A bound pod's decision, by reference (no work here: the extender is waiting)."""
@@ -118,7 +123,7 @@ class DecisionRecorder:
         """Write what waits, here and now; returns the decisions written."""
         served, outcomes = self._take()
         rows = [row for row in map(self._row, served) if row is not None]
-        self._write(rows, outcomes)
+        self._io.submit(self._write, rows, outcomes).result()
         return len(rows)
 
     def _take(
@@ -155,7 +160,7 @@ class DecisionRecorder:
         """Write what waits: the rows made on the loop, one placement at a time with the loop
         let go in between (a second thread doing it would hold the GIL against every request:
         Python hands it back to an I/O thread only every switch interval), then written by
-        SQLite in a thread (it lets the GIL go while it works)."""
+        SQLite on the recorder's thread (it lets the GIL go while it works)."""
         async with self._flushing:
             served, outcomes = self._take()
             rows = []
@@ -165,10 +170,10 @@ class DecisionRecorder:
                     if made is not None:
                         rows.append(made)
                     await asyncio.sleep(0)
-                await asyncio.to_thread(self._write, rows, outcomes)
+                await asyncio.wrap_future(self._io.submit(self._write, rows, outcomes))
             except asyncio.CancelledError:
-                # Shutdown: the final flush writes them. A write already in its thread may too;
-                # a pod's row written twice is stored once.
+                # Shutdown: the final flush writes them. A write already on the thread goes on
+                # and may too; a pod's row written twice is stored once.
                 self._served[:0], self._outcomes[:0] = served, outcomes
                 raise
 
@@ -189,5 +194,10 @@ class DecisionRecorder:
                     logger.exception("recording decisions failed")
         finally:
             with contextlib.suppress(Exception):
-                self.flush()  # what waits at shutdown
-            self.store.close()
+                self.flush()  # what waits at shutdown, after any write still on the thread
+            self.close()
+
+    def close(self) -> None:
+        """Close the store after whatever is writing to it, then its thread."""
+        self._io.submit(self.store.close).result()
+        self._io.shutdown(wait=True)

@@ -4,6 +4,7 @@ became of the pod (`plugin/decision_recorder.py`, `policies/decision_records.py`
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from cloudevents.core.v1.event import CloudEvent
 
 from bench import synthetic
 from plugin import app as service
+from plugin.decision_recorder import DecisionRecorder
 from plugin.keys import EXTENDER, RECORDER
 from plugin.settings import HistorySettings, KubeSettings, PolicySettings, Settings
 from policies import features
@@ -252,3 +254,38 @@ async def test_a_flush_cancelled_at_shutdown_leaves_its_rows_to_the_final_flush(
     with pytest.raises(asyncio.CancelledError):
         await under_way
     assert recorder.flush() == 3 and len(records(tmp_path / "history.db")) == 3
+
+
+async def test_shutdown_closes_the_store_only_after_a_write_still_on_its_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its flush trims on the recorder's thread, `run` must not close the
+    connection under that trim (it crashed the interpreter: SQLite freed under a running query)."""
+    recorder = DecisionRecorder(
+        tmp_path / "history.db", retention_s=3600.0, max_rows=100, max_per_s=10.0, flush_s=0.01
+    )
+    order: list[str] = []
+    trimming, release = threading.Event(), threading.Event()
+    trim, close = recorder.store.trim, recorder.store.close
+
+    def slow_trim(**limits: float) -> int:
+        order.append("trim begins")
+        trimming.set()
+        release.wait(10)
+        deleted = trim(**limits)  # type: ignore[arg-type]
+        order.append("trim ends")
+        return deleted
+
+    def closing() -> None:
+        order.append("close")
+        close()
+
+    monkeypatch.setattr(recorder.store, "trim", slow_trim)
+    monkeypatch.setattr(recorder.store, "close", closing)
+    running = asyncio.create_task(recorder.run())
+    assert await asyncio.to_thread(trimming.wait, 10)  # the first flush trims, on the thread
+    running.cancel()
+    threading.Timer(0.2, release.set).start()  # the trim ends while the shutdown waits
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert order == ["trim begins", "trim ends", "close"]
