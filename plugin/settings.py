@@ -288,7 +288,8 @@ class PrewarmSettings:
     warm_memory_gib: float = _setting(
         64.0,
         "KDRL_PREWARM_WARM_MEMORY_GIB",
-        "Budget of memory held warm by prewarming, GiB; spent highest benefit per expected idle byte first.",
+        "Budget of memory held warm by prewarming, GiB; spent highest benefit per expected idle byte "
+        "first, smaller functions favoured.",
         check=_not_negative,
     )
     pulls_per_minute: int = _setting(

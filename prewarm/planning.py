@@ -7,9 +7,9 @@ against its cost: idle memory-time at idle power, plus the node's price unless i
 memory (and, for a GPU function, a free GPU) on nodes that stay up anyway. One memory budget
 serves all functions, counted in the memory each replica is expected to leave idle (the goal's
 unit: a replica of a function that is nearly always busy wastes little) and spent highest benefit
-per expected idle byte first (a Lagrangian knapsack solved greedily each cycle: every function's
-idle memory is weighed at the price of the last one taken), up to a share of the memory the
-hybrid histogram would leave idle now; the operator's GiB budget caps the memory held.
+per expected idle byte first, smaller functions favoured so that the bytes keep as many functions
+warm as they can (a Lagrangian knapsack solved greedily each cycle), up to a share of the memory
+the hybrid histogram would leave idle now; the operator's GiB budget caps the memory held.
 The replicas it holds expire after the window unless a later plan renews them; a function whose
 author opted out (`kdrl.dev/prewarm: "false"`) is left alone. Every entry says why
 (probability, window, benefit, cost, the function's idle-time class, whether it pays
@@ -71,6 +71,11 @@ class PlannerSettings:
     # A replica is expected to idle (1 - P(invoked within the lookahead)) of its memory, but is
     # charged at least this share: P is a forecast, and a busy pod's memory is not free.
     idle_floor: float = 0.05
+    # The order the budget is spent in: benefit per expected idle byte, divided again by the idle
+    # bytes to this power less one. At 1 it is the knapsack for cold-start seconds avoided; above
+    # 1 smaller functions go first, so the same bytes keep more functions warm (the goal counts
+    # functions: each one's cold-start %). Chosen on the calibration selection (docs/prewarm.md).
+    size_exponent: float = 3.0
     # A node whose requested CPU or memory share is above this stays up (the cluster
     # autoscaler's --scale-down-utilization-threshold, 0.5 by default): a warm replica in its
     # free memory costs idle power, not node-hours.
@@ -165,10 +170,13 @@ def plan(
         s.function: _idle_bytes(e.replicas * s.memory_bytes, e.reason.probability, config)
         for e, s in candidates
     }
-    # Highest benefit per idle byte first: every function's idle memory is weighed at one price,
-    # that of the last one taken (a Lagrangian knapsack, solved greedily per cycle).
+    # Highest benefit per idle byte first, small functions favoured (`size_exponent`): a greedy
+    # Lagrangian knapsack per cycle, its value the cold-start seconds a byte avoids at 1.
     candidates.sort(
-        key=lambda c: (-c[0].reason.benefit_usd / max(charges[c[1].function], 1.0), c[1].function)
+        key=lambda c: (
+            -c[0].reason.benefit_usd / max(charges[c[1].function], 1.0) ** config.size_exponent,
+            c[1].function,
+        )
     )
     free = free_memory(nodes, config.scale_down_utilization)
     free_gpus = free_gpu(nodes, config.scale_down_utilization)

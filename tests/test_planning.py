@@ -121,6 +121,29 @@ def test_unknown_and_unlikely_functions_are_skipped_with_a_reason() -> None:
     }
 
 
+def test_the_budget_keeps_more_functions_warm_by_favouring_small_ones() -> None:
+    # Per expected idle byte the big `high` function is worth more (0.064 $/GiB against 0.024),
+    # so the knapsack for cold-start seconds (exponent 1) warms it alone in the 2 GiB; favouring
+    # size (the default, 3) warms the two small ones instead, and the big one waits.
+    forecasts = [
+        forecast("ns/big", probability=0.8),
+        forecast("ns/small-a", probability=0.6),
+        forecast("ns/small-b", probability=0.6),
+    ]
+    two_gib = {"memory_bytes": 2 * GiB}
+    states = [
+        state("ns/big", Priority.HIGH, **two_gib),
+        state("ns/small-a"),
+        state("ns/small-b"),
+    ]
+    budget = Budget(warm_memory_bytes=2 * GiB, pulls_per_minute=0)
+    by_seconds = run(forecasts, states, budget=budget, size_exponent=1.0)
+    assert [w.function for w in by_seconds.warm] == ["ns/big"]
+    by_functions = run(forecasts, states, budget=budget)
+    assert [w.function for w in by_functions.warm] == ["ns/small-a", "ns/small-b"]
+    assert ("ns/big", "warm-memory budget exhausted") in by_functions.skipped
+
+
 def test_priority_decides_when_benefit_is_marginal() -> None:
     big = {"memory_bytes": 8 * GiB}
     result = run(
