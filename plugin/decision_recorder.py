@@ -4,9 +4,9 @@ Bind hands over references (the pod, the candidates' immutable table, the policy
 an append. Every `flush_s` their feature rows are encoded as the model saw them, one placement
 at a time between requests, and written to the history database (`policies.decision_records`)
 by SQLite on the recorder's own thread, with the pods' outcomes as their events report them
-Ready. A placement
-costs about a millisecond at 1,000 nodes, so at most `max_per_s` are recorded (the rest counted
-as `over_rate`, never the extender slowed); the table keeps `retention_s` and `max_rows`.
+Ready. A placement costs about a millisecond at 1,000 nodes, so at most `max_per_s` are
+recorded (the rest counted as `over_rate`, never the extender slowed); the table keeps
+`retention_s` and `max_rows`.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class PlannerSettings:
     # The order the budget is spent in: benefit per expected idle byte, divided again by the idle
     # bytes to this power less one. At 1 it is the knapsack for cold-start seconds avoided; above
     # 1 smaller functions go first, so the same bytes keep more functions warm (the goal counts
-    # functions: each one's cold-start %). Chosen on the calibration selection (docs/prewarm.md).
+    # functions: each one's cold-start %). Chosen on two selections off the bench (docs/prewarm.md).
     size_exponent: float = 3.0
     # A node whose requested CPU or memory share is above this stays up (the cluster
     # autoscaler's --scale-down-utilization-threshold, 0.5 by default): a warm replica in its
