@@ -16,8 +16,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import numpy as np
 from forecaster.history import ColdStart
 from plugin import metrics
 from plugin.decisions import Decision
+from plugin.store_thread import StoreThread
 from policies import decision_records, features
 from policies.decision_records import DecisionStore, Record
 from policies.onnx_policy import LoadedPolicy, OnnxPolicy
@@ -90,9 +91,9 @@ class DecisionRecorder:
         self._outcomes: list[tuple[str, float, float, float | None, float | None]] = []
         self._trimmed = 0.0
         self._flushing = asyncio.Lock()  # held while a periodic flush has rows taken, not yet written
-        # One thread owns the SQLite connection: a write that outlives its cancelled flush, the
-        # final flush and close queue behind each other (closing under a write crashes Python).
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="decisions")
+        # A write that outlives its cancelled flush, the final flush and close queue behind
+        # each other on one thread (`StoreThread`).
+        self._io = StoreThread("decisions")
 
     def served(self, decision: Decision, loaded: LoadedPolicy) -> None:
         """A bound pod's decision, by reference (no work here: the extender is waiting)."""
@@ -123,7 +124,7 @@ class DecisionRecorder:
         """Write what waits, here and now; returns the decisions written."""
         served, outcomes = self._take()
         rows = [row for row in map(self._row, served) if row is not None]
-        self._io.submit(self._write, rows, outcomes).result()
+        self._io.call(partial(self._write, rows, outcomes))
         return len(rows)
 
     def _take(
@@ -170,7 +171,7 @@ class DecisionRecorder:
                     if made is not None:
                         rows.append(made)
                     await asyncio.sleep(0)
-                await asyncio.wrap_future(self._io.submit(self._write, rows, outcomes))
+                await self._io.run(partial(self._write, rows, outcomes))
             except asyncio.CancelledError:
                 # Shutdown: the final flush writes them. A write already on the thread goes on
                 # and may too; a pod's row written twice is stored once.
@@ -199,5 +200,4 @@ class DecisionRecorder:
 
     def close(self) -> None:
         """Close the store after whatever is writing to it, then its thread."""
-        self._io.submit(self.store.close).result()
-        self._io.shutdown(wait=True)
+        self._io.close(self.store.close)

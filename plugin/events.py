@@ -20,7 +20,6 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -36,6 +35,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from forecaster.history import ColdStart, Count, Effect, HistoryStore, Lifecycle, MinuteCounts
 from plugin import convert, lifecycle, metrics
 from plugin.errors import BadRequest, body_deadline
+from plugin.store_thread import StoreThread
 from plugin.triggers import TriggerIndex, attributes_of
 
 logger = logging.getLogger(__name__)
@@ -76,19 +76,16 @@ class EventSink:
     observers: list[Callable[[ColdStart], None]] = field(default_factory=list)
     _queue: list[_Pending] = field(default_factory=list)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
-    # One thread owns the SQLite connection: commits, compaction and close never overlap.
-    _io: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="history")
-    )
+    # Commits, compaction and close never overlap (`StoreThread`).
+    _io: StoreThread = field(default_factory=lambda: StoreThread("history"))
 
     async def on_store(self, job: Callable[[], T]) -> T:
         """Run `job` on the history's own thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._io, job)
+        return await self._io.run(job)
 
     async def close(self) -> None:
         """Close the store after whatever is running on it, then its thread."""
-        await self.on_store(self.store.close)
-        self._io.shutdown(wait=True)
+        await self._io.aclose(self.store.close)
 
     async def commit(self, batches: list[tuple[tuple[str, str] | None, Effect]]) -> list[bool]:
         """Wait until these events are durable; returns which were new (not redeliveries)."""
