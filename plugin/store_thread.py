@@ -21,8 +21,8 @@ class StoreThread:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=name)
 
     def run(self, job: Callable[[], T]) -> asyncio.Future[T]:
-        """`job` queued on the thread now, to be awaited on the event loop; cancelling the
-        wait leaves the job running there."""
+        """`job` queued on the thread now, to be awaited on the event loop. Cancelling the
+        wait drops the job if it has not started; one already running goes on."""
         return asyncio.wrap_future(self._executor.submit(job))
 
     def call(self, job: Callable[[], T]) -> T:

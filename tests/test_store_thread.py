@@ -43,3 +43,16 @@ async def test_jobs_run_in_order_and_return_their_results() -> None:
     assert await first == 1
     assert order == ["first", "second"]
     thread.close(lambda: None)
+
+
+async def test_a_cancelled_wait_drops_its_job_only_if_it_has_not_started() -> None:
+    thread, order = StoreThread("test"), []
+    started, release = threading.Event(), threading.Event()
+    running = thread.run(lambda: slow_job(order, started, release))
+    queued = thread.run(lambda: order.append("queued job"))
+    assert await asyncio.to_thread(started.wait, 10)
+    running.cancel()
+    queued.cancel()
+    release.set()
+    await thread.aclose(lambda: order.append("close"))
+    assert order == ["job begins", "job ends", "close"]
