@@ -287,13 +287,14 @@ async def _read_at_most(request: web.Request, limit: int) -> bytes | None:
 
 
 def _check_key(event: BaseCloudEvent) -> None:
-    """The (source, id) the history deduplicates by: text SQLite can store, of a sane length."""
-    for name, value in (("source", event.get_source()), ("id", event.get_id())):
+    """The (source, id) the history deduplicates by: text SQLite can store, of a sane length;
+    and the type, text too, since it labels metrics."""
+    for name, value in (("source", event.get_source()), ("id", event.get_id()), ("type", event.get_type())):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(f"CloudEvent {name} is not valid UTF-8") from None
-        if len(value) > MAX_KEY_LENGTH:
+        if name != "type" and len(value) > MAX_KEY_LENGTH:
             raise BadRequest(f"CloudEvent {name} is longer than {MAX_KEY_LENGTH} characters")
 
 

@@ -39,7 +39,8 @@ class BoundedLabel:
         self._seen: set[str] = set()
 
     def __call__(self, value: str) -> str:
-        value = value[:MAX_LABEL_LENGTH]
+        # A lone surrogate cannot be encoded: one such label would fail every later scrape.
+        value = value[:MAX_LABEL_LENGTH].encode("utf-8", "backslashreplace").decode("utf-8")
         if value in self._seen:
             return value
         if len(self._seen) >= self.limit:

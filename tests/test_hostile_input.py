@@ -366,7 +366,8 @@ async def test_structured_mutations_of_every_endpoint_never_get_a_5xx(
     offline_client: Client, rng: random.Random, which: int
 ) -> None:
     """`bench.fuzz`'s mutator (valid requests of each endpoint, mutated where they are
-    structured), its choices drawn by hypothesis; `python -m bench.fuzz` runs it by the million."""
+    structured), its choices drawn by hypothesis; `python -m bench.fuzz` runs it by the million.
+    Nor may any of them break the metrics scrape that follows (a label it poisoned did)."""
     request = fuzz.mutated(FUZZ_SEEDS[which], rng)
     if request.headers.get("Content-Encoding"):
         return  # the test client reports aiohttp's closed connection as an error: bench.fuzz covers it
@@ -374,6 +375,8 @@ async def test_structured_mutations_of_every_endpoint_never_get_a_5xx(
         request.method, request.path, data=request.body or None, headers=request.headers
     )
     assert response.status < 500, (request.path, response.status, await response.text())
+    scrape = await offline_client.get("/metrics")
+    assert scrape.status == 200, (request.path, await scrape.text())
 
 
 def test_the_mutator_changes_neither_its_seeds_nor_its_hostile_values() -> None:
@@ -450,3 +453,18 @@ def test_slow_clients_are_cut_off_headers_and_bodies_alike() -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.mark.parametrize("field", ["type", "source"])
+async def test_a_lone_surrogate_in_an_event_never_breaks_the_metrics_scrape(
+    offline_client: Client, field: str
+) -> None:
+    """Found by the suite's fuzzing: an event type with a lone surrogate became a metric label,
+    and every later scrape of /metrics failed (500) for the life of the process."""
+    event = {"specversion": "1.0", "id": f"s-{field}", "source": "/a", "type": "com.example.x", "data": {}}
+    event[field] = event[field] + "\ud800"
+    headers = {"Content-Type": "application/cloudevents+json"}
+    response = await offline_client.post("/events", data=json.dumps(event).encode(), headers=headers)
+    assert response.status == 400 and f"{field} is not valid UTF-8" in (await response.json())["Error"]
+    scrape = await offline_client.get("/metrics")
+    assert scrape.status == 200, await scrape.text()

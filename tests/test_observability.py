@@ -237,6 +237,13 @@ def test_label_values_from_user_input_are_cut_and_bounded() -> None:
     assert label("b") == "b" and label("a" * 70) == "a" * MAX_LABEL_LENGTH  # the known keep theirs
 
 
+def test_a_label_value_that_is_not_unicode_text_is_escaped() -> None:
+    """A lone surrogate cannot be written out: as a label it failed every later scrape."""
+    value = BoundedLabel(limit=5)("com.example.\ud800")
+    assert value == "com.example.\\ud800"
+    value.encode("utf-8")  # would raise before
+
+
 def test_the_one_minute_error_is_judged_once_the_minute_is_complete() -> None:
     counts = MinuteCounts()
     for minute in range(1000, 1100):
