@@ -22,7 +22,8 @@ class StoreThread:
 
     def run(self, job: Callable[[], T]) -> asyncio.Future[T]:
         """`job` queued on the thread now, to be awaited on the event loop. Cancelling the
-        wait drops the job if it has not started; one already running goes on."""
+        wait drops the job if it has not started by the loop's next turn; one already running
+        goes on."""
         return asyncio.wrap_future(self._executor.submit(job))
 
     def call(self, job: Callable[[], T]) -> T:

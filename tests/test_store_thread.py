@@ -53,6 +53,7 @@ async def test_a_cancelled_wait_drops_its_job_only_if_it_has_not_started() -> No
     assert await asyncio.to_thread(started.wait, 10)
     running.cancel()
     queued.cancel()
+    await asyncio.sleep(0)  # the loop hands the cancellation on to the thread's queue
     release.set()
     await thread.aclose(lambda: order.append("close"))
     assert order == ["job begins", "job ends", "close"]
