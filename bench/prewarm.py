@@ -31,14 +31,28 @@ KEEPALIVES = ("knative", "fixed:10", "hybrid", "prewarm", "prewarm:nopull")
 PLOT = REPOSITORY / "docs" / "prewarm.png"
 
 
-def measure(seed: int, workers: int) -> dict[str, Any]:
+def measure(
+    seed: int,
+    workers: int,
+    *,
+    trace: Path = compare.BUNDLED_TRACE,
+    functions: int | None = None,
+    keepalives: tuple[str, ...] = KEEPALIVES,
+) -> dict[str, Any]:
+    """One selection (the trace's functions, or a seeded `functions` of them), one day."""
     options = compare.Options(
-        placements=("kube-default",), keepalives=KEEPALIVES, cluster="medium", seed=seed, workers=workers
+        trace=trace,
+        functions=functions,
+        placements=("kube-default",),
+        keepalives=keepalives,
+        cluster="medium",
+        seed=seed,
+        workers=workers,
     )
     report = compare.compare(options)
-    trace = compare.select(traces.load(options.trace), options)
-    functions = workload.build(trace, seed=seed).functions
-    eligible = np.array([f.priority is not Priority.BATCH for f in functions])
+    selected = compare.select(traces.load(options.trace), options)
+    specs = workload.build(selected, seed=seed).functions
+    eligible = np.array([f.priority is not Priority.BATCH for f in specs])
     populations = np.asarray(report["per_function"]["populations"])
     invocations = np.asarray(report["per_function"]["invocations"])
     rows = []
@@ -61,6 +75,7 @@ def measure(seed: int, workers: int) -> dict[str, Any]:
                     "cold_latency_p99_s": entry["cold_start_latency_p99_s"],
                     "capacity_wait_p99_s": entry["capacity_wait_p99_s"],
                     "timed_out_requests": entry["timed_out_requests"],
+                    "cold_requests": entry["cold_starts"],
                     "prepulls": entry["prepulls"],
                     "cost_usd": round(entry["cost_usd"], 1),
                     "energy_kwh": round(entry["energy_kwh"], 1),

@@ -1,0 +1,92 @@
+"""The prewarm goals bench's verdicts (`bench/prewarm_goals.py`) on hand-built rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import prewarm_goals
+from bench.prewarm_goals import GOALS, ratio, selections, table, verdicts
+
+
+def rows(**overrides: dict[str, float]) -> list[dict[str, Any]]:
+    """`bench.prewarm.measure` rows for the three policies: the planner halves the hybrid's
+    p75 and stays under Knative's cost, unless `overrides` (by keep-alive) say otherwise."""
+    base = {
+        "knative": {
+            "p75": 10.0,
+            "weighted": 100.0,
+            "wasted": 80.0,
+            "p99": 20.0,
+            "cost": 100.0,
+            "energy": 50.0,
+        },
+        "hybrid": {"p75": 2.0, "weighted": 60.0, "wasted": 110.0, "p99": 40.0, "cost": 106.0, "energy": 53.0},
+        "prewarm": {"p75": 1.0, "weighted": 30.0, "wasted": 105.0, "p99": 8.0, "cost": 102.0, "energy": 51.0},
+    }
+    out = []
+    for keepalive, values in base.items():
+        v = {**values, **overrides.get(keepalive, {})}
+        for population in ("heavy", "light"):
+            out.append(
+                {
+                    "keepalive": keepalive,
+                    "population": population,
+                    "p75_cold_pct": v["p75"] * (2 if population == "light" else 1),
+                    "p75_cold_pct_weighted": v["weighted"],
+                    "wasted_memory_norm": v["wasted"],
+                    "cold_latency_p99_s": v["p99"],
+                    "cost_usd": v["cost"],
+                    "energy_kwh": v["energy"],
+                    "cold_requests": 1000,
+                }
+            )
+    return out
+
+
+def test_a_selection_that_meets_every_goal() -> None:
+    got = verdicts(rows())
+    assert got["heavy"] == got["light"] == got["heavy (weighted)"] == pytest.approx(0.5)
+    assert got["cold p99"] == pytest.approx(0.4)
+    assert all(GOALS[goal](got[goal]) for goal in GOALS)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "missed"),
+    [
+        ({"prewarm": {"p75": 1.2}}, {"heavy", "light"}),
+        ({"prewarm": {"weighted": 40.0}}, {"heavy (weighted)", "light (weighted)"}),
+        ({"prewarm": {"wasted": 111.0}}, {"wasted memory"}),
+        ({"prewarm": {"p99": 8.5}}, {"cold p99"}),
+        ({"prewarm": {"cost": 103.5, "energy": 52.0}}, {"cost", "energy"}),
+    ],
+)
+def test_each_goal_missed_alone(overrides: dict[str, dict[str, float]], missed: set[str]) -> None:
+    got = verdicts(rows(**overrides))
+    assert {goal for goal in GOALS if not GOALS[goal](got[goal])} == missed
+
+
+def test_nothing_to_halve_is_met_and_a_zero_reference_otherwise_is_not() -> None:
+    assert ratio(0.0, 0.0) == 0.0
+    assert ratio(1.0, 0.0) == float("inf")
+    assert not GOALS["heavy"](ratio(1.0, 0.0))
+
+
+def test_the_table_marks_misses_and_counts_selections() -> None:
+    text = table([("a", verdicts(rows())), ("b", verdicts(rows(prewarm={"p75": 1.2})))])
+    assert "**0.60x**" in text  # b's heavy: 1.2 / 2
+    assert "| goal met on | 1 of 2 | 1 of 2 | 2 of 2 |" in text
+
+
+def test_shared_selections_are_skipped_with_a_message_without_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chosen = selections([1], [9], tmp_path / "absent")
+    assert [name for name, _ in chosen] == ["slice, seed 1"]
+    assert "shared trace not found" in capsys.readouterr().err
+    present = selections([], [9], tmp_path)
+    assert present == [
+        ("shared, seed 9", {"seed": 9, "trace": tmp_path, "functions": prewarm_goals.SELECTED_FUNCTIONS})
+    ]
