@@ -8,6 +8,9 @@ surrogates, NUL, long strings, the wrong type), a key dropped, a value nested th
 or the bytes themselves broken (invalid UTF-8, truncation, a Content-Encoding they are not).
 `mutated` is shared with the test suite, where hypothesis drives the choices.
 
+Every `SCRAPE_EVERY` bodies, and after the last, `/metrics` is scraped too (its own row): a
+label that input poisoned fails every later scrape, which no answer to the body itself shows.
+
     python -m bench.fuzz --bodies 1000000        # status counts per endpoint; exit 1 on any 5xx
 """
 
@@ -33,6 +36,8 @@ from bench import synthetic
 from bench.extender import serve_offline
 
 NODE_NAMES = [f"node-{i:05d}" for i in range(1, 13)]  # the example cluster's
+SCRAPE_EVERY = 1000
+SCRAPE = "metrics (scrape)"
 HOSTILE: list[Any] = [
     None,
     True,
@@ -267,6 +272,8 @@ def run(bodies: int, seed: int) -> dict[str, collections.Counter[str]]:
             request = mutated(chosen, rng)
             try:
                 counts[chosen.endpoint][str(send(connection, request))] += 1
+                if (i + 1) % SCRAPE_EVERY == 0 or i + 1 == bodies:
+                    counts[SCRAPE][str(send(connection, Request("GET", "/metrics")))] += 1
             except (OSError, http.client.HTTPException) as error:
                 if server.poll() is not None:
                     raise RuntimeError(f"kdrl serve died on body {i} ({chosen.endpoint})") from error
