@@ -31,9 +31,10 @@ from typing import Any
 from bench.prewarm import measure
 from bench.simulator import SHARED_TRACE
 from simulator import traces
+from simulator.evaluation import DEFAULT_FUNCTIONS
 
 KEEPALIVES = ("knative", "hybrid", "prewarm")
-SELECTED_FUNCTIONS = 338  # as many as the bundled slice holds
+SELECTED_FUNCTIONS = DEFAULT_FUNCTIONS["medium"]  # as many as the bundled slice holds (338)
 P75_RATIO, P99_RATIO, COST_RATIO = 0.5, 0.4, 1.03
 
 Row = dict[str, Any]
