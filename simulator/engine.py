@@ -167,6 +167,12 @@ class RunResult:
     pods_started: int
     energy_j: float
     cost_usd: float
+    # per pool of the cluster spec (`pools`, by name): its energy, the part its nodes draw for
+    # being up (at no allocation; the rest is the pods' CPU), and its cost
+    pools: tuple[str, ...]
+    pool_energy_j: FloatArray
+    pool_up_energy_j: FloatArray
+    pool_cost_usd: FloatArray
     series: dict[str, list[float]]  # per minute: nodes, cpu/memory allocation, watts
     decision_us: list[float] = field(default_factory=list)
     meters: Meters = field(default_factory=Meters)
@@ -278,6 +284,10 @@ class Simulation:
             pods_started=0,
             energy_j=0.0,
             cost_usd=0.0,
+            pools=tuple(pool.name for pool in cluster.pools),
+            pool_energy_j=np.zeros(len(cluster.pools)),
+            pool_up_energy_j=np.zeros(len(cluster.pools)),
+            pool_cost_usd=np.zeros(len(cluster.pools)),
             series={"minute": [], "nodes": [], "cpu_allocation": [], "memory_allocation": [], "watts": []},
         )
         self.new_revisions = new_revisions
@@ -569,8 +579,14 @@ class Simulation:
             self.result.meters.weighted_scale_up_wait_s += self._scale_up_waiters(now) * METRICS_EVERY_S
         nodes.scale_down(now)
         self._meter_paid_idle()
-        self.result.energy_j += nodes.watts(now) * METRICS_EVERY_S
-        self.result.cost_usd += float(nodes.price[nodes.alive].sum()) * METRICS_EVERY_S / 3600.0
+        drawn, up = nodes.pool_watts()
+        price = nodes.pool_price_per_hour()
+        result = self.result
+        result.pool_energy_j += drawn * METRICS_EVERY_S
+        result.pool_up_energy_j += up * METRICS_EVERY_S
+        result.pool_cost_usd += price * METRICS_EVERY_S / 3600.0
+        result.energy_j += float(drawn.sum()) * METRICS_EVERY_S
+        result.cost_usd += float(price.sum()) * METRICS_EVERY_S / 3600.0
         alive = nodes.alive
         share = nodes.cpu_requested[alive].sum() / max(int(nodes.cpu_allocatable[alive].sum()), 1)
         self.result.meters.utilization_s += float(share) * METRICS_EVERY_S
@@ -632,7 +648,16 @@ class Simulation:
         result.invocations = self.counts[:, self.warmup_minutes :].sum(axis=1)
         for name in ("cold_starts", "wasted_mb_s", "paid_wasted_mb_s", "startup_hist", "capacity_hist"):
             setattr(result, name, getattr(result, name) - getattr(before, name))
-        for name in ("pulls", "prepulls", "pods_started", "energy_j", "cost_usd"):
+        for name in (
+            "pulls",
+            "prepulls",
+            "pods_started",
+            "energy_j",
+            "cost_usd",
+            "pool_energy_j",
+            "pool_up_energy_j",
+            "pool_cost_usd",
+        ):
             setattr(result, name, getattr(result, name) - getattr(before, name))
         for meter in fields(Meters):
             value = getattr(result.meters, meter.name) - getattr(before.meters, meter.name)

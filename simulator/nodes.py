@@ -320,11 +320,23 @@ class Nodes:
 
     def watts(self, now: float) -> float:
         """Power draw of every node that exists, from its CPU allocation (utilization proxy)."""
-        total = 0.0
+        return float(self.pool_watts()[0].sum())
+
+    def pool_watts(self) -> tuple[FloatArray, FloatArray]:
+        """Per pool, the power draw of its nodes that exist, and the part they would draw with
+        nothing allocated: what being up costs, apart from what the pods' CPU adds."""
+        drawn, up = np.zeros(len(self.power)), np.zeros(len(self.power))
         alive = self.alive
         utilization = np.where(self.cpu_allocatable > 0, self.cpu_requested / self.cpu_allocatable, 0.0)
         for pool_id, curve in enumerate(self.power):
             members = alive & (self.pool == pool_id)
             if members.any():
-                total += float(curve.at(utilization[members]).sum())
-        return total
+                drawn[pool_id] = float(curve.at(utilization[members]).sum())
+                up[pool_id] = curve.watts[0] * int(members.sum())
+        return drawn, up
+
+    def pool_price_per_hour(self) -> FloatArray:
+        """Per pool, what its nodes that exist cost an hour."""
+        alive = self.alive
+        per_pool = np.bincount(self.pool[alive], weights=self.price[alive], minlength=len(self.power))
+        return np.asarray(per_pool, dtype=np.float64)

@@ -149,6 +149,16 @@ def cluster_entry(result: RunResult, weights: FloatArray, seconds: float) -> dic
         "nodes_mean": _round(float(np.mean(series["nodes"]))),
         "cost_usd": _round(result.cost_usd),
         "energy_kwh": _round(result.energy_j / 3.6e6),
+        "by_pool": {
+            name: {
+                "cost_usd": _round(float(cost)),
+                "energy_kwh": _round(float(energy) / 3.6e6),
+                "energy_kwh_nodes_up": _round(float(up) / 3.6e6),  # at no allocation: being up
+            }
+            for name, cost, energy, up in zip(
+                result.pools, result.pool_cost_usd, result.pool_energy_j, result.pool_up_energy_j
+            )
+        },
         "pods_started": result.pods_started,
         "image_pulls": result.pulls,
         "prepulls": result.prepulls,

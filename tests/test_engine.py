@@ -55,6 +55,20 @@ def simulate(
     ).run()
 
 
+def run_on(
+    cluster: clusterspec.ClusterSpec, counts: np.ndarray, policy: str, workload: Workload | None = None
+) -> engine.RunResult:
+    """One run of `counts` on a hand-written cluster under kube-default placement."""
+    return engine.Simulation(
+        workload=workload or one_function(),
+        counts=counts,
+        cluster=cluster,
+        placement=heuristics.kube_default(),
+        keepalive=keepalive.by_name(policy),
+        seed=1,
+    ).run()
+
+
 def test_scale_from_zero_only_when_the_revision_has_gone_to_zero() -> None:
     # One request in minutes 0, 1 (within the ~90 s the KPA keeps the pod) and 10.
     result = simulate({0: 1, 1: 1, 10: 1})
@@ -226,14 +240,7 @@ def test_a_cold_start_is_split_into_its_wait_for_capacity_and_its_start_up(tmp_p
     )
     row = np.zeros((1, 5), dtype=np.int64)
     row[0, 0] = 1
-    result = engine.Simulation(
-        workload=one_function(),
-        counts=row,
-        cluster=clusterspec.load(str(spec)),
-        placement=heuristics.kube_default(),
-        keepalive=keepalive.by_name("knative"),
-        seed=1,
-    ).run()
+    result = run_on(clusterspec.load(str(spec)), row, "knative")
     startup = engine.StartupConfig()
     start_up = startup.scheduling_s + 400 / 40 + startup.container_start_s + startup.runtime_init_s
     (capacity_bin,) = np.flatnonzero(result.capacity_hist)
@@ -287,14 +294,7 @@ def test_idle_memory_is_paid_only_where_it_alone_keeps_a_node_up(
         counts = np.vstack([counts, np.full((1, minutes), 1200)])
     durations = np.repeat(kept.duration_ms, len(functions), axis=0)
     workload = Workload(functions=tuple(functions), duration_ms=durations)
-    result = engine.Simulation(
-        workload=workload,
-        counts=counts,
-        cluster=_one_node_cluster(tmp_path, minimum),
-        placement=heuristics.kube_default(),
-        keepalive=keepalive.by_name("fixed:20"),
-        seed=1,
-    ).run()
+    result = run_on(_one_node_cluster(tmp_path, minimum), counts, "fixed:20", workload)
     wasted, paid_s = result.wasted_mb_s[0], result.paid_wasted_mb_s[0]
     assert wasted > 15 * 60 * 256  # idle for most of the 20 minutes
     if paid:  # metered every 10 s, the total every second: the same to within a sample or two
@@ -327,3 +327,41 @@ def test_the_warmup_runs_but_is_not_counted() -> None:
     # The first pull (minute 0) is the warm-up's; its node kept the image for minute 12.
     assert (whole.pulls, counted.pulls) == (1, 0)
     assert 0 < counted.cost_usd < whole.cost_usd and 0 < counted.energy_j < whole.energy_j
+
+
+def test_cost_and_energy_are_split_by_pool_and_into_being_up_and_the_pods_cpu(tmp_path: Path) -> None:
+    # Pool `kept` holds at its minimum of one node, where the function's pod runs; `drained`
+    # has one node the pod may not use (a taint), which is released after ten empty minutes.
+    spec = tmp_path / "two.yaml"
+    node = "cpu: 8, memory_gib: 32, spot_per_hour: 0.1, pull_mib_per_s: 40"
+    spec.write_text(
+        "name: two\npools:\n"
+        f"  - {{name: kept, count: 1, min: 1, max: 1, on_demand_per_hour: 0.4, {node}, "
+        "power: {model: linear, idle_watts: 100, max_watts: 260}}\n"
+        f"  - {{name: drained, count: 1, min: 0, max: 1, on_demand_per_hour: 0.2, {node}, "
+        "taints: [{key: dedicated, value: other, effect: NoSchedule}], "
+        "power: {model: linear, idle_watts: 50, max_watts: 150}}\n"
+    )
+    minutes = 30
+    counts = np.zeros((1, minutes), dtype=np.int64)
+    counts[0, 0] = 1
+    result = run_on(clusterspec.load(str(spec)), counts, f"fixed:{minutes}")  # the pod stays throughout
+    assert result.pools == ("kept", "drained")
+    assert result.pool_energy_j.sum() == pytest.approx(result.energy_j)
+    assert result.pool_cost_usd.sum() == pytest.approx(result.cost_usd)
+    tick = engine.METRICS_EVERY_S
+    kept, drained = 0, 1
+    # Up the whole run; its pod (the function and its queue-proxy) adds (260 - 100) W x its share
+    # of the 8,000 millicores from the time it is placed, within the first minute.
+    assert result.pool_up_energy_j[kept] == pytest.approx(100 * minutes * 60, abs=100 * tick)
+    pod_watts = 160 * engine.pod_request(one_function().functions[0]).cpu_milli / 8000
+    pods_cpu = result.pool_energy_j[kept] - result.pool_up_energy_j[kept]
+    assert pod_watts * (minutes - 1) * 60 <= pods_cpu <= pod_watts * minutes * 60
+    # Up only until the autoscaler released it, with nothing allocated.
+    up_s = nodes.SCALE_DOWN_UNNEEDED_S
+    assert result.pool_energy_j[drained] == result.pool_up_energy_j[drained]
+    assert result.pool_energy_j[drained] == pytest.approx(50 * up_s, abs=50 * tick)
+    assert result.pool_cost_usd[drained] == pytest.approx(0.2 * up_s / 3600, abs=0.2 * tick / 3600)
+    by_pool = report.cluster_entry(result, np.ones(1), minutes * 60.0)["by_pool"]
+    assert by_pool["drained"]["energy_kwh"] == by_pool["drained"]["energy_kwh_nodes_up"] > 0
+    assert by_pool["kept"]["energy_kwh"] > by_pool["kept"]["energy_kwh_nodes_up"]
