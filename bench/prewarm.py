@@ -24,7 +24,7 @@ import numpy as np
 
 from bench.simulator import REPOSITORY
 from policies.types import Priority
-from simulator import compare, traces, workload
+from simulator import compare, traces
 from simulator.plots import save
 
 KEEPALIVES = ("knative", "fixed:10", "hybrid", "prewarm", "prewarm:nopull")
@@ -50,9 +50,7 @@ def measure(
         workers=workers,
     )
     report = compare.compare(options)
-    selected = compare.select(traces.load(options.trace), options)
-    specs = workload.build(selected, seed=seed).functions
-    eligible = np.array([f.priority is not Priority.BATCH for f in specs])
+    eligible = np.asarray(report["per_function"]["priorities"]) != Priority.BATCH.value
     populations = np.asarray(report["per_function"]["populations"])
     invocations = np.asarray(report["per_function"]["invocations"])
     rows = []

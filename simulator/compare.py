@@ -93,8 +93,9 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
         # Forecasting the trace is one job whose result every planner run shares; the others
         # run meanwhile.
         schedule = None
+        specs = workload.build(trace, seed=options.seed).functions
         if planned:
-            services = [spec.service for spec in workload.build(trace, seed=options.seed).functions]
+            services = [spec.service for spec in specs]
             schedule = pool.submit(prewarming.forecast_schedule, trace.counts, services)
         futures = {job: pool.submit(runner, trace, job, options) for job in all_jobs if job not in planned}
         if schedule is not None:
@@ -113,6 +114,7 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
     per_function = {
         "func_ids": list(trace.func_ids),
         "populations": list(trace.populations),
+        "priorities": [spec.priority.value for spec in specs],
         "invocations": trace.counts[:, _counted_from(options) :].sum(axis=1).tolist(),
         "weights": trace.weights.tolist(),
         "cold_starts": {

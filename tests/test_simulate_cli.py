@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from plugin import cli
+from policies.types import Priority
 from simulator import clusterspec, compare, htmlreport, traces
 
 QUICK = ["simulate", "--functions", "24", "--hours", "1", "--cluster", "small", "--seed", "3"]
@@ -34,6 +35,7 @@ REQUIRED = {
     "cpu_alloc_utilization",
     "cost_usd",
     "energy_kwh",
+    "by_pool",
 }
 
 
@@ -49,6 +51,13 @@ def test_cluster_mode_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert {e["wasted_memory_norm"] for e in results if e["keepalive"] == "fixed:10"} == {100.0}
     per_function = printed["per_function"]
     assert len(per_function["func_ids"]) == len(per_function["invocations"]) == 24
+    assert set(per_function["priorities"]) <= {p.value for p in Priority}
+    assert len(per_function["priorities"]) == 24 and len(set(per_function["priorities"])) > 1
+    for entry in results:  # every pool of the spec, adding up to the totals
+        pools = entry["by_pool"].values()
+        assert sum(p["cost_usd"] for p in pools) == pytest.approx(entry["cost_usd"], abs=0.01)
+        assert sum(p["energy_kwh"] for p in pools) == pytest.approx(entry["energy_kwh"], abs=0.01)
+        assert all(0 < p["energy_kwh_nodes_up"] <= p["energy_kwh"] for p in pools)
     for entry in results:
         cold = per_function["cold_starts"][f"{entry['placement']} x {entry['keepalive']}"]
         assert sum(cold) == entry["cold_starts"] and len(cold) == 24
