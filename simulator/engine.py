@@ -144,6 +144,22 @@ class Meters:
     utilization_s: float = 0.0  # CPU allocation share of existing nodes x seconds
 
 
+# The totals of a RunResult that leave the warm-up out (counted from its end).
+COUNTED_AFTER_WARMUP = (
+    "cold_starts",
+    "wasted_mb_s",
+    "paid_wasted_mb_s",
+    "startup_hist",
+    "capacity_hist",
+    "pulls",
+    "prepulls",
+    "pods_started",
+    "pool_energy_j",
+    "pool_up_energy_j",
+    "pool_cost_usd",
+)
+
+
 @dataclass
 class RunResult:
     """Everything `report` needs, as plain arrays and numbers."""
@@ -165,8 +181,6 @@ class RunResult:
     pulls: int  # image pulls for pods being placed (their start waits for them)
     prepulls: int  # image pulls the prewarm planner asked for ahead of any pod
     pods_started: int
-    energy_j: float
-    cost_usd: float
     # per pool of the cluster spec (`pools`, by name): its energy, the part its nodes draw for
     # being up (at no allocation; the rest is the pods' CPU), and its cost
     pools: tuple[str, ...]
@@ -176,6 +190,14 @@ class RunResult:
     series: dict[str, list[float]]  # per minute: nodes, cpu/memory allocation, watts
     decision_us: list[float] = field(default_factory=list)
     meters: Meters = field(default_factory=Meters)
+
+    @property
+    def energy_j(self) -> float:
+        return float(self.pool_energy_j.sum())
+
+    @property
+    def cost_usd(self) -> float:
+        return float(self.pool_cost_usd.sum())
 
 
 def pod_request(spec: FunctionSpec) -> PodRequest:
@@ -282,8 +304,6 @@ class Simulation:
             pulls=0,
             prepulls=0,
             pods_started=0,
-            energy_j=0.0,
-            cost_usd=0.0,
             pools=tuple(pool.name for pool in cluster.pools),
             pool_energy_j=np.zeros(len(cluster.pools)),
             pool_up_energy_j=np.zeros(len(cluster.pools)),
@@ -581,12 +601,9 @@ class Simulation:
         self._meter_paid_idle()
         drawn, up = nodes.pool_watts()
         price = nodes.pool_price_per_hour()
-        result = self.result
-        result.pool_energy_j += drawn * METRICS_EVERY_S
-        result.pool_up_energy_j += up * METRICS_EVERY_S
-        result.pool_cost_usd += price * METRICS_EVERY_S / 3600.0
-        result.energy_j += float(drawn.sum()) * METRICS_EVERY_S
-        result.cost_usd += float(price.sum()) * METRICS_EVERY_S / 3600.0
+        self.result.pool_energy_j += drawn * METRICS_EVERY_S
+        self.result.pool_up_energy_j += up * METRICS_EVERY_S
+        self.result.pool_cost_usd += price * METRICS_EVERY_S / 3600.0
         alive = nodes.alive
         share = nodes.cpu_requested[alive].sum() / max(int(nodes.cpu_allocatable[alive].sum()), 1)
         self.result.meters.utilization_s += float(share) * METRICS_EVERY_S
@@ -646,18 +663,7 @@ class Simulation:
         """What the result holds less what it held when the warm-up ended."""
         result = self.result
         result.invocations = self.counts[:, self.warmup_minutes :].sum(axis=1)
-        for name in ("cold_starts", "wasted_mb_s", "paid_wasted_mb_s", "startup_hist", "capacity_hist"):
-            setattr(result, name, getattr(result, name) - getattr(before, name))
-        for name in (
-            "pulls",
-            "prepulls",
-            "pods_started",
-            "energy_j",
-            "cost_usd",
-            "pool_energy_j",
-            "pool_up_energy_j",
-            "pool_cost_usd",
-        ):
+        for name in COUNTED_AFTER_WARMUP:
             setattr(result, name, getattr(result, name) - getattr(before, name))
         for meter in fields(Meters):
             value = getattr(result.meters, meter.name) - getattr(before.meters, meter.name)
