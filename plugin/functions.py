@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -25,14 +24,13 @@ from plugin import convert
 from plugin.errors import ObjectError
 from policies.types import PodRequest
 from prewarm.actuation import author_min_scale
-from prewarm.planning import FunctionState
+from prewarm.planning import FunctionState, cold_start_estimate
 
 logger = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
 
 PREWARM_ANNOTATION = "kdrl.dev/prewarm"
 MAX_SCALE_ANNOTATION = "autoscaling.knative.dev/max-scale"
-DEFAULT_COLD_START_S = 5.0  # until one is observed: the pod-startup SLO without a pull
 
 
 def function_state(
@@ -72,9 +70,7 @@ def function_state(
         function=function,
         priority=pod.priority,
         memory_bytes=pod.memory_bytes_nonzero,
-        cold_start_s=statistics.median(observed_cold_starts_s)
-        if observed_cold_starts_s
-        else DEFAULT_COLD_START_S,
+        cold_start_s=cold_start_estimate(observed_cold_starts_s),
         pod=pod,
         prewarm_allowed=prewarm_allowed(function, annotations),
         author_min_scale=author_min_scale(annotations),

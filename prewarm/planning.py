@@ -20,6 +20,7 @@ missing.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -82,6 +83,16 @@ class PlannerSettings:
     scale_down_utilization: float = 0.5
 
 
+DEFAULT_COLD_START_S = 5.0  # until one is observed: the pod-startup SLO without a pull
+
+
+def cold_start_estimate(observed_s: Sequence[float]) -> float:
+    """The cold start a warm replica avoids, as the planner prices it: the median of the
+    function's recent creation-to-ready times (one pod that waited for a node or pulled its
+    image moves it little), the default before any is observed."""
+    return statistics.median(observed_s) if observed_s else DEFAULT_COLD_START_S
+
+
 @dataclass(frozen=True)
 class FunctionState:
     """What the planner must know of a function besides its forecast."""
@@ -89,7 +100,7 @@ class FunctionState:
     function: str
     priority: Priority
     memory_bytes: int
-    cold_start_s: float  # observed (or modelled) creation-to-ready time
+    cold_start_s: float  # `cold_start_estimate` of its observed creation-to-ready times
     pod: PodRequest  # what its next pod would request (for placement and pre-pulls)
     prewarm_allowed: bool = True  # False when annotated kdrl.dev/prewarm: "false"
     author_min_scale: int = 0  # never plan below what the author set

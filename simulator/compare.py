@@ -179,7 +179,7 @@ def _run_cluster(
         assert forecasts is not None
         prewarmer = prewarming.SimulatedPrewarm(
             schedule=forecasts,
-            states=prewarming.function_states(functions, engine.StartupConfig()),
+            states=prewarming.function_states(functions),
             policy=placement,
             budget=prewarming.budget(cluster),
             pull=policy.pull,

@@ -21,13 +21,15 @@ from __future__ import annotations
 import copy
 import heapq
 import time
-from collections.abc import Callable, Generator
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from forecaster.history import Lifecycle
 from policies import filtering, placement
 from policies.objectives import PRIORITY_WEIGHT, SLA_TARGET_S
 from policies.placement import PlacementPolicy
@@ -117,8 +119,11 @@ class Decision:
 class Prewarmer(Protocol):
     """Plans warm capacity and image pre-pulls at the start of each minute (`prewarm.planning`)."""
 
-    def plan(self, minute: int, counts: IntArray, nodes: NodeTable) -> PrewarmPlan:
-        """`counts`: every function's invocations per minute, of the minutes before `minute`."""
+    def plan(
+        self, minute: int, counts: IntArray, nodes: NodeTable, startups_s: Sequence[Sequence[float]]
+    ) -> PrewarmPlan:
+        """`counts`: every function's invocations per minute, of the minutes before `minute`;
+        `startups_s`: each function's latest creation-to-ready times, as the service observes them."""
 
 
 # A run as a coroutine: it yields each placement decision and is sent back the chosen row.
@@ -279,6 +284,8 @@ class Simulation:
         self._stuck_now: set[int] = set()
         self._no_room: set[int] = set()  # functions no node can be added for, until promises reset
         self.starting: list[tuple[float, int]] = []  # heap of (ready_at, pod id)
+        # Each function's latest pod creation-to-ready times, kept as the service's Lifecycle keeps them
+        self.startups_s = [deque[float](maxlen=Lifecycle.RECENT) for _ in range(n)]
         # The keep-alive window in force per function: min-scale 1 from `warm_from` until
         # `warm_until`. The windows chosen after an invocation replace those before it, as the
         # policies define them (SitW re-decides both windows after every invocation).
@@ -416,7 +423,7 @@ class Simulation:
         assert self.prewarmer is not None
         now = minute * 60.0
         table, ids = self.nodes.table(now)
-        planned = self.prewarmer.plan(minute, self.counts[:, :minute], table)
+        planned = self.prewarmer.plan(minute, self.counts[:, :minute], table, self.startups_s)
         self.planned_min_scale[:] = 0
         for entry in planned.warm:
             self.planned_min_scale[self.index_of[entry.function]] = entry.replicas
@@ -545,6 +552,7 @@ class Simulation:
             pod.ready = True
             self.pod_columns.state[pod_id] = _PodColumns.READY
             self.ready[pod.function] += 1
+            self.startups_s[pod.function].append(ready_at - pod.created_at)
             self._release_buffered(pod.function, ready_at, pod)
 
     def _release_buffered(self, function: int, ready_at: float, pod: _Pod | None) -> None:

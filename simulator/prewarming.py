@@ -13,7 +13,7 @@ plan as the actuators would: `min-scale` per function, and pre-pulls into its im
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -21,16 +21,14 @@ import numpy.typing as npt
 from forecaster import idletimes
 from forecaster.forecasting import BACKTEST_WINDOWS, Forecast, Forecaster
 from forecaster.history import MinuteCounts
-from policies.economics import DEFAULT_PULL_MIB_PER_S
 from policies.placement import PlacementPolicy
 from policies.types import NodeTable
-from prewarm.planning import Budget, FunctionState, PlannerSettings, PrewarmPlan, plan
+from prewarm.planning import Budget, FunctionState, PlannerSettings, PrewarmPlan, cold_start_estimate, plan
 from simulator.clusterspec import ClusterSpec
-from simulator.engine import StartupConfig, pod_request
+from simulator.engine import pod_request
 from simulator.workload import Workload
 
 IntArray = npt.NDArray[np.int64]
-MiB = 1024 * 1024
 HORIZON_MINUTES = 30
 
 
@@ -76,15 +74,15 @@ def budget(cluster: ClusterSpec) -> Budget:
     return Budget(warm_memory_bytes=int(WARM_MEMORY_SHARE * memory), pulls_per_minute=PULLS_PER_MINUTE)
 
 
-def function_states(workload: Workload, startup: StartupConfig) -> dict[str, FunctionState]:
-    """What the planner knows of each simulated function, as the service learns it live."""
-    startup_s = startup.scheduling_s + startup.container_start_s + startup.runtime_init_s
+def function_states(workload: Workload) -> dict[str, FunctionState]:
+    """What the planner knows of each simulated function before any of its pods has started:
+    the cold start is the service's default until the engine observes some (`SimulatedPrewarm`)."""
     return {
         spec.service: FunctionState(
             function=spec.service,
             priority=spec.priority,
             memory_bytes=spec.memory_bytes,
-            cold_start_s=startup_s + spec.image_bytes / (DEFAULT_PULL_MIB_PER_S * MiB),
+            cold_start_s=cold_start_estimate(()),
             pod=pod_request(spec),
             max_scale=spec.max_scale,
         )
@@ -106,8 +104,11 @@ class SimulatedPrewarm:
     _idle: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, idletimes.BINS)))
     _last: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    def plan(self, minute: int, counts: IntArray, nodes: NodeTable) -> PrewarmPlan:
-        """The plan at the start of `minute`; `counts` holds every function's minutes so far."""
+    def plan(
+        self, minute: int, counts: IntArray, nodes: NodeTable, startups_s: Sequence[Sequence[float]]
+    ) -> PrewarmPlan:
+        """The plan at the start of `minute`; `counts` holds every function's minutes so far,
+        `startups_s` each one's latest creation-to-ready times (priced as the service does)."""
         names = list(self.states)
         if minute == 0:  # a new run: every function's idle-time counts, one row each
             self._idle = np.zeros((len(names), idletimes.BINS))
@@ -136,5 +137,9 @@ class SimulatedPrewarm:
             for row, name in enumerate(names)
             if (made := block.get(name)) is not None
         }
+        states = {
+            name: replace(state, cold_start_s=cold_start_estimate(observed))
+            for (name, state), observed in zip(self.states.items(), startups_s)
+        }
         budget = self.budget if self.pull else Budget(self.budget.warm_memory_bytes, pulls_per_minute=0)
-        return plan(minute, forecasts, self.states, nodes, budget, policy=self.policy, settings=self.settings)
+        return plan(minute, forecasts, states, nodes, budget, policy=self.policy, settings=self.settings)

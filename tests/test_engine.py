@@ -45,14 +45,27 @@ def simulate(
     row = np.zeros((1, minutes), dtype=np.int64)
     for minute, count in counts.items():
         row[0, minute] = count
+    return on_small(row, policy, seed=seed, workload=workload).run()
+
+
+def on_small(
+    counts: np.ndarray,
+    policy: str = "knative",
+    *,
+    seed: int = 1,
+    workload: Workload | None = None,
+    warmup_minutes: int = 0,
+) -> engine.Simulation:
+    """A simulation of `counts` on the `small` cluster under kube-default placement."""
     return engine.Simulation(
         workload=workload or one_function(),
-        counts=row,
+        counts=counts,
         cluster=clusterspec.load("small"),
         placement=heuristics.kube_default(),
         keepalive=keepalive.by_name(policy),
         seed=seed,
-    ).run()
+        warmup_minutes=warmup_minutes,
+    )
 
 
 def run_on(
@@ -308,18 +321,7 @@ def test_the_warmup_runs_but_is_not_counted() -> None:
     row = np.zeros((1, 20), dtype=np.int64)
     row[0, [0, 12]] = 1
 
-    def run(warmup: int) -> engine.RunResult:
-        return engine.Simulation(
-            workload=one_function(),
-            counts=row,
-            cluster=clusterspec.load("small"),
-            placement=heuristics.kube_default(),
-            keepalive=keepalive.by_name("knative"),
-            seed=1,
-            warmup_minutes=warmup,
-        ).run()
-
-    whole, counted = run(0), run(5)
+    whole, counted = on_small(row).run(), on_small(row, warmup_minutes=5).run()
     assert (whole.invocations[0], whole.cold_starts[0]) == (2, 2)
     assert (counted.invocations[0], counted.cold_starts[0]) == (1, 1)
     assert counted.startup_hist.sum() == 1 and counted.latency_hist[Priority.HIGH].sum() == 1
@@ -365,3 +367,15 @@ def test_cost_and_energy_are_split_by_pool_and_into_being_up_and_the_pods_cpu(tm
     by_pool = report.cluster_entry(result, np.ones(1), minutes * 60.0)["by_pool"]
     assert by_pool["drained"]["energy_kwh"] == by_pool["drained"]["energy_kwh_nodes_up"] > 0
     assert by_pool["kept"]["energy_kwh"] > by_pool["kept"]["energy_kwh_nodes_up"]
+
+
+def test_each_pods_creation_to_ready_time_is_recorded_for_its_function() -> None:
+    row = np.zeros((1, 30), dtype=np.int64)
+    row[0, [0, 20]] = 1  # two cold starts: the first pulls the image, the second finds it
+    simulation = on_small(row)
+    simulation.run()
+    startup = engine.StartupConfig()
+    start = startup.scheduling_s + startup.container_start_s + startup.runtime_init_s
+    pull = 400 * MiB / (40 * MiB)  # small.yaml's general pool pulls 40 MiB/s
+    first, second = simulation.startups_s[0]
+    assert first == pytest.approx(start + pull) and second == pytest.approx(start)

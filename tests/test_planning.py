@@ -11,9 +11,11 @@ from forecaster.forecasting import Forecast
 from policies import heuristics
 from policies.types import Node, NodeTable, PodRequest, Priority
 from prewarm.planning import (
+    DEFAULT_COLD_START_S,
     Budget,
     FunctionState,
     PlannerSettings,
+    cold_start_estimate,
     free_gpu,
     free_memory,
     hybrid_idle_memory,
@@ -334,3 +336,9 @@ def test_what_the_hybrid_holds_busy_still_buys_its_warmth() -> None:
     busy = forecast("ns/busy", probability=1.0)
     result = run([busy], [state("ns/busy")], hybrid_memory_share=1.0)
     assert [w.function for w in result.warm] == ["ns/busy"]
+
+
+def test_the_cold_start_priced_is_the_median_of_those_observed_and_the_default_before_any() -> None:
+    assert cold_start_estimate(()) == DEFAULT_COLD_START_S
+    # One pod that waited a minute for a node moves the estimate little; a mean would be 14.6 s.
+    assert cold_start_estimate([3.0, 4.0, 60.0, 2.5, 3.5]) == 3.5

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from forecaster.forecasting import Forecast
 from policies import heuristics
-from simulator import clusterspec, engine, keepalive, prewarming
+from prewarm.planning import DEFAULT_COLD_START_S, PlannerSettings
+from simulator import clusterspec, engine, keepalive, nodes, prewarming
 from tests.test_engine import one_function
 
 MINUTES = 60
@@ -44,7 +46,7 @@ def run(policy: str, *, pull: bool = True) -> engine.RunResult:
     if policy == "prewarm":
         prewarmer = prewarming.SimulatedPrewarm(
             schedule=flat_forecasts(workload.functions[0].service, every=10),
-            states=prewarming.function_states(workload, engine.StartupConfig()),
+            states=prewarming.function_states(workload),
             policy=heuristics.kube_default(),
             budget=prewarming.budget(cluster),
             pull=pull,
@@ -78,3 +80,26 @@ def test_the_budget_is_a_tenth_of_the_cluster_memory() -> None:
     cluster = clusterspec.load("small")
     memory = sum(pool.count * pool.memory_bytes for pool in cluster.pools)
     assert prewarming.budget(cluster).warm_memory_bytes == int(0.1 * memory)
+
+
+def test_the_simulated_planner_prices_the_cold_starts_the_engine_observed() -> None:
+    workload = one_function()
+    function = workload.functions[0].service
+    cluster = clusterspec.load("small")
+    prewarmer = prewarming.SimulatedPrewarm(
+        schedule=flat_forecasts(function, every=10),
+        states=prewarming.function_states(workload),
+        policy=heuristics.kube_default(),
+        budget=prewarming.budget(cluster),
+        settings=PlannerSettings(scale_down_utilization=0.0, hybrid_memory_share=None),
+    )
+    counts = np.zeros((1, 2), dtype=np.int64)
+    table, _ = nodes.Nodes(cluster).table(0.0)
+
+    def benefit(minute: int, observed: list[float]) -> float:
+        (entry,) = prewarmer.plan(minute, counts[:, :minute], table, [observed]).warm
+        return entry.reason.benefit_usd
+
+    before = benefit(0, [])
+    after = benefit(1, [2.0, 3.0, 40.0])  # the same forecast minute-on: the same probability
+    assert before > 0 and after / before == pytest.approx(3.0 / DEFAULT_COLD_START_S)
