@@ -59,7 +59,7 @@ from plugin.prewarming import Prepuller, RevisionActuator
 from plugin.settings import Settings
 from policies import onnx_policy, registry
 from policies.decision_records import DecisionStore
-from prewarm.planning import Budget, PlannerSettings, plan_json
+from prewarm.planning import Budget, PlannerSettings, cold_start_estimate, plan_json
 
 logger = logging.getLogger(__name__)
 
@@ -343,6 +343,8 @@ async def _function(request: web.Request) -> web.Response:
             "routed_revision": sink.lifecycle.routes.get(function),
             "running_pods": sink.lifecycle.running(function),
             "observed_cold_starts_s": [round(s, 3) for s in observed],
+            # what the prewarm planner prices a cold start of this function at
+            "cold_start_estimate_s": round(cold_start_estimate(observed), 3),
             "forecast": forecast.as_json() if forecast else None,
         }
     )

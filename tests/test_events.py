@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from bench import extender as extender_bench
 from forecaster.history import HistoryStore
 from plugin import keys
+from prewarm.planning import DEFAULT_COLD_START_S
 from tests.conftest import EXAMPLES
 
 Client = TestClient[web.Request, web.Application]
@@ -158,6 +159,8 @@ async def test_debug_views(offline_client: Client) -> None:
     assert listing == {"functions": ["shop/cart"], "patterns": {}}  # no forecast cycle offline yet
     detail = await (await offline_client.get("/debug/functions/shop/cart?hours=1")).json()
     assert detail["function"] == "shop/cart" and sum(detail["counts"]) == 4 and len(detail["counts"]) == 60
+    # no pod seen start yet: the planner prices the default
+    assert detail["observed_cold_starts_s"] == [] and detail["cold_start_estimate_s"] == DEFAULT_COLD_START_S
     assert (await offline_client.get("/debug/functions/shop/none")).status == 404
 
 
@@ -242,6 +245,7 @@ async def test_apiserversource_pods_and_revisions(offline_client: Client) -> Non
     assert detail["routed_revision"] == "cart-00002"
     assert detail["running_pods"] == 1
     assert detail["observed_cold_starts_s"] == [3.5]
+    assert detail["cold_start_estimate_s"] == 3.5  # what the planner prices, the median of those
     assert (
         await post_binary(offline_client, apiserver_event("Pod", "delete", knative_pod(ready), "p4")) == 202
     )

@@ -118,6 +118,8 @@ async def test_the_explorer_shows_decisions_plan_and_history_as_text(
         )
         assert options == ["shop/cart", "shop/hello"]
         await page.wait_for("document.querySelector('#chart svg rect.bar') !== null")
+        function = await page.evaluate("document.getElementById('function-detail').innerText")
+        assert "observed cold starts none, priced at 5.00 s (the default)" in function  # no pod seen yet
         await page.evaluate("document.querySelector('#decisions tbody tr.decision').click()")
         detail = await page.wait_for(
             "document.querySelector('tr.detail') && document.querySelector('tr.detail').innerText"

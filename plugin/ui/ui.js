@@ -121,7 +121,8 @@ function renderChart(data) {
   const forecast = data.forecast ? data.forecast.expected : [];
   const cold = data.observed_cold_starts_s;
   detail.textContent = `${data.function}: ${counts.reduce((a, b) => a + b, 0)} invocations in the last ${data.minutes} minutes; ` +
-    `running pods ${data.running_pods}; observed cold starts ${cold.length ? cold.length + ", median " + median(cold).toFixed(2) + " s" : "none"}; ` +
+    `running pods ${data.running_pods}; observed cold starts ${cold.length || "none"}, ` +
+    `priced at ${data.cold_start_estimate_s.toFixed(2)} s${cold.length ? " (their median)" : " (the default)"}; ` +
     (data.forecast ? `model ${data.forecast.model}, next ${forecast.length} minutes forecast (red).` : "no forecast yet.");
   const total = counts.length + forecast.length;
   const top = Math.max(1, ...counts, ...forecast);
@@ -163,11 +164,6 @@ function renderChart(data) {
   now.textContent = "now";
   svg.appendChild(now);
   chart.replaceChildren(svg);
-}
-
-function median(values) {
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.floor(sorted.length / 2)];
 }
 
 async function refresh() {
