@@ -137,9 +137,9 @@ class SimulatedPrewarm:
             for row, name in enumerate(names)
             if (made := block.get(name)) is not None
         }
-        states = {
+        states = {  # `states` are in the workload's order, as the engine's rows are
             name: replace(state, cold_start_s=cold_start_estimate(observed))
-            for (name, state), observed in zip(self.states.items(), startups_s)
+            for (name, state), observed in zip(self.states.items(), startups_s, strict=True)
         }
         budget = self.budget if self.pull else Budget(self.budget.warm_memory_bytes, pulls_per_minute=0)
         return plan(minute, forecasts, states, nodes, budget, policy=self.policy, settings=self.settings)
