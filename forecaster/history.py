@@ -160,7 +160,14 @@ class MinuteCounts:
     a new one takes the row of the least recently counted function that `keep` does not
     protect (the service protects the functions Knative knows, so a flood of made-up names
     evicts only made-up names); when every held function is protected, the new one is refused.
-    Either way the durable store keeps every count: memory forgets, the history does not."""
+    Either way the durable store keeps every count: memory forgets, the history does not.
+
+    The service writes from the event loop and forecasts read (`functions`, `series`) on a worker
+    thread, without a lock. What a read can see of a write under way: `functions` is one C-level
+    copy of the dict; `series` bounds its window by the row's newest minute as read first, so a
+    write of a newer minute can only touch the window's oldest slots (the ring wraps: those
+    minutes are leaving it), which may read as 0 or as the new count; a row reused for another
+    function mid-read gives the evicted one's last series that function's counts."""
 
     BLOCK_ROWS = 1024
 
