@@ -6,11 +6,13 @@
 Cluster mode on `medium` with the bundled trace slice (both populations, one day), placement
 kube-default, seed 1 (`--seed` for others). Per population: the 75th-percentile cold-start %
 over all functions and over those prewarming serves before the rest (not `batch`, which gets
-what the others leave), weighted by `occ_ref_samples` too; wasted memory time (fixed 10-minute
-keep-alive = 100) and its "paid" part, the idle memory that keeps nodes up; cold-start latency
-p50/p99 (the start-up, image pulls included) and the p99 wait for capacity apart, and timed-out
-requests; image pulls ahead of pods; cost and energy. About 3.5 minutes on 2 cores (the
-forecasts run once, beside the other runs).
+what the others leave), weighted by `occ_ref_samples` too, and, as a diagnostic beside the
+goals, with each function's first call of the trace left out where it is counted (no policy
+has history before it: a one-day trace's floor that a service running for days would not
+have); wasted memory time (fixed 10-minute keep-alive = 100) and its "paid" part, the idle
+memory that keeps nodes up; cold-start latency p50/p99 (the start-up, image pulls included)
+and the p99 wait for capacity apart, and timed-out requests; image pulls ahead of pods; cost
+and energy. About 3.5 minutes on 2 cores (the forecasts run once, beside the other runs).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import numpy as np
 
 from bench.simulator import REPOSITORY
 from policies.types import Priority
-from simulator import compare, traces
+from simulator import compare, report, traces
 from simulator.plots import save
 
 KEEPALIVES = ("knative", "fixed:10", "hybrid", "prewarm", "prewarm:nopull")
 PLOT = REPOSITORY / "docs" / "prewarm.png"
+WARMUP_HELP = "minutes run but not counted (720: the last 12 hours, with the first 12 as history)"
 
 
 def measure(
@@ -38,8 +41,13 @@ def measure(
     trace: Path = compare.BUNDLED_TRACE,
     functions: int | None = None,
     keepalives: tuple[str, ...] = KEEPALIVES,
+    warmup_minutes: int = compare.Options.warmup_minutes,
 ) -> dict[str, Any]:
-    """One selection (the trace's functions, or a seeded `functions` of them), one day."""
+    """One selection (the trace's functions, or a seeded `functions` of them), one day.
+
+    The first `warmup_minutes` run but are not counted: 720 measures the last 12 hours of a
+    service that has the first 12 as history.
+    """
     options = compare.Options(
         trace=trace,
         functions=functions,
@@ -48,18 +56,26 @@ def measure(
         cluster="medium",
         seed=seed,
         workers=workers,
+        warmup_minutes=warmup_minutes,
     )
-    report = compare.compare(options)
-    eligible = np.asarray(report["per_function"]["priorities"]) != Priority.BATCH.value
-    populations = np.asarray(report["per_function"]["populations"])
-    invocations = np.asarray(report["per_function"]["invocations"])
+    compared = compare.compare(options)
+    per_function = compared["per_function"]
+    eligible = np.asarray(per_function["priorities"]) != Priority.BATCH.value
+    populations = np.asarray(per_function["populations"])
+    invocations = np.asarray(per_function["invocations"])
+    weights = np.asarray(per_function["weights"])
+    first_call_counted = np.asarray(per_function["first_call_counted"])
     rows = []
-    for entry in report["results"]:
-        cold = np.asarray(report["per_function"]["cold_starts"][f"kube-default x {entry['keepalive']}"])
+    for entry in compared["results"]:
+        cold = np.asarray(per_function["cold_starts"][f"kube-default x {entry['keepalive']}"])
         pct = 100.0 * cold / np.maximum(invocations, 1)
+        cold_first_calls_out = cold - (first_call_counted & (cold > 0))  # no history before it
         for population in traces.POPULATIONS:
             members = (populations == population) & (invocations > 0)
             summary = entry["populations"][population]
+            first_calls_out = report.cold_start_summary(
+                invocations[members], cold_first_calls_out[members], weights[members]
+            )
             rows.append(
                 {
                     "keepalive": entry["keepalive"],
@@ -67,6 +83,8 @@ def measure(
                     "p75_cold_pct": summary["cold_start_pct_p75"],
                     "p75_cold_pct_weighted": summary["cold_start_pct_p75_weighted"],
                     "p75_cold_pct_prewarmable": round(float(np.percentile(pct[members & eligible], 75)), 3),
+                    "p75_cold_pct_first_calls_out": first_calls_out["cold_start_pct_p75"],
+                    "p75_cold_pct_first_calls_out_weighted": first_calls_out["cold_start_pct_p75_weighted"],
                     "wasted_memory_norm": entry["wasted_memory_norm"],  # the whole cluster
                     "paid_wasted_memory_norm": entry["paid_wasted_memory_norm"],
                     "cold_latency_p50_s": entry["cold_start_latency_p50_s"],
@@ -79,20 +97,22 @@ def measure(
                     "energy_kwh": round(entry["energy_kwh"], 1),
                 }
             )
-    return {"seed": seed, "rows": rows}
+    return {"seed": seed, "warmup_minutes": warmup_minutes, "rows": rows}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| population | keep-alive | p75 cold % | p75 cold % (weighted) | p75 cold % (prewarmable) "
-        "| wasted memory | paid wasted memory | cold p50 s | cold p99 s | capacity p99 s | timeouts "
+        "| p75 cold %, first calls out (weighted) | wasted memory | paid wasted memory "
+        "| cold p50 s | cold p99 s | capacity p99 s | timeouts "
         "| pre-pulls | cost $ | energy kWh |"
     )
-    lines = [head, "|" + " --- |" * 14]
+    lines = [head, "|" + " --- |" * 15]
     for r in rows:
         lines.append(
             f"| {r['population']} | {r['keepalive']} | {r['p75_cold_pct']:.3g} "
             f"| {r['p75_cold_pct_weighted']:.3g} | {r['p75_cold_pct_prewarmable']:.3g} "
+            f"| {r['p75_cold_pct_first_calls_out']:.3g} ({r['p75_cold_pct_first_calls_out_weighted']:.3g}) "
             f"| {r['wasted_memory_norm']:.1f} | {r['paid_wasted_memory_norm']:.1f} "
             f"| {r['cold_latency_p50_s']:.3g} "
             f"| {r['cold_latency_p99_s']:.3g} | {r['capacity_wait_p99_s']:.3g} | {r['timed_out_requests']} "
@@ -124,10 +144,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0)
+    warmup = compare.Options.warmup_minutes
+    parser.add_argument("--warmup-minutes", type=int, default=warmup, help=WARMUP_HELP)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()
-    result = measure(args.seed, args.workers)
+    result = measure(args.seed, args.workers, warmup_minutes=args.warmup_minutes)
     drawn = plot(result["rows"], args.plot)
     print(json.dumps(result, indent=2) if args.json else f"{table(result['rows'])}\n\nplot: {drawn}")
 

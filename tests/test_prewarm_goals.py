@@ -36,6 +36,8 @@ def rows(**overrides: dict[str, float]) -> list[dict[str, Any]]:
                     "population": population,
                     "p75_cold_pct": v["p75"] * (2 if population == "light" else 1),
                     "p75_cold_pct_weighted": v["weighted"],
+                    "p75_cold_pct_first_calls_out": v.get("first_out", v["p75"] / 2),
+                    "p75_cold_pct_first_calls_out_weighted": v.get("first_out", v["weighted"] / 2),
                     "wasted_memory_norm": v["wasted"],
                     "cold_latency_p99_s": v["p99"],
                     "cost_usd": v["cost"],
@@ -78,6 +80,15 @@ def test_the_table_marks_misses_and_counts_selections() -> None:
     text = table([("a", verdicts(rows())), ("b", verdicts(rows(prewarm={"p75": 1.2})))])
     assert "**0.60x**" in text  # b's heavy: 1.2 / 2
     assert "| goal met on | 1 of 2 | 1 of 2 | 2 of 2 |" in text
+
+
+def test_first_calls_out_is_a_diagnostic_never_a_goal() -> None:
+    # The first-call floor left out moves the ratio, but a selection is judged on the goals alone.
+    got = verdicts(rows(prewarm={"first_out": 3.0}, hybrid={"first_out": 2.0}))
+    assert got["heavy, first calls out"] == got["light, first calls out (weighted)"] == pytest.approx(1.5)
+    assert all(GOALS[goal](got[goal]) for goal in GOALS)
+    text = table([("a", got)])
+    assert "1.50x" in text and "**1.50x**" not in text
 
 
 def test_shared_selections_are_skipped_with_a_message_without_the_trace(

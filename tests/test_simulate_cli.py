@@ -104,10 +104,18 @@ def test_the_prewarm_planner_runs_with_and_without_pre_pulls(
         "knative,prewarm,prewarm:nopull",
     ]
     assert cli.main([*args, "--json", "--out", str(tmp_path)]) == 0
-    by_name = {e["keepalive"]: e for e in json.loads(capsys.readouterr().out)["results"]}
+    printed = json.loads(capsys.readouterr().out)
+    by_name = {e["keepalive"]: e for e in printed["results"]}
     assert set(by_name) == {"knative", "prewarm", "prewarm:nopull", "fixed:10"}
     assert by_name["prewarm:nopull"]["prepulls"] == 0
     assert by_name["prewarm"]["cold_starts"] < by_name["knative"]["cold_starts"]
+    # A function first called after the warm-up has no history anywhere: that call is cold under
+    # every policy, the planner's included (what bench.prewarm's "first calls out" leaves out).
+    per_function = printed["per_function"]
+    first_counted = [i for i, flag in enumerate(per_function["first_call_counted"]) if flag]
+    assert first_counted and len(first_counted) < sum(n > 0 for n in per_function["invocations"])
+    for cold in per_function["cold_starts"].values():
+        assert all(cold[i] >= 1 for i in first_counted)
 
 
 def _study(tmp_path: Path, *flags: str) -> dict[str, Any]:
