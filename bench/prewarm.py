@@ -144,8 +144,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=0)
-    warmup = compare.Options.warmup_minutes
-    parser.add_argument("--warmup-minutes", type=int, default=warmup, help=WARMUP_HELP)
+    parser.add_argument(
+        "--warmup-minutes", type=int, default=compare.Options.warmup_minutes, help=WARMUP_HELP
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()

@@ -111,14 +111,17 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
     series = {f"{r['placement']} x {r['keepalive']}": r.pop("series", None) for r in results}
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items() if k != "workers"}
     config["trace"] = options.trace.name
+    counted_from = _counted_from(options)
+    invocations = trace.counts[:, counted_from:].sum(axis=1)
+    # No policy has history of a function before its first call, so that call is cold under every
+    # one: a one-day trace's floor that a service running for days would not have.
+    first_call_counted = (trace.counts[:, :counted_from].sum(axis=1) == 0) & (invocations > 0)
     per_function = {
         "func_ids": list(trace.func_ids),
         "populations": list(trace.populations),
         "priorities": [spec.priority.value for spec in specs],
-        "invocations": trace.counts[:, _counted_from(options) :].sum(axis=1).tolist(),
-        # No policy has history of a function before its first call, so that call is cold under
-        # every one: a one-day trace's floor that a service running for days would not have.
-        "first_call_counted": _first_call_counted(trace.counts, _counted_from(options)).tolist(),
+        "invocations": invocations.tolist(),
+        "first_call_counted": first_call_counted.tolist(),
         "weights": trace.weights.tolist(),
         "cold_starts": {
             f"{r['placement']} x {r['keepalive']}": r.pop("cold_starts_per_function") for r in results
@@ -136,12 +139,6 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
 
 def _counted_from(options: Options) -> int:
     return options.warmup_minutes if options.mode == "cluster" else 0
-
-
-def _first_call_counted(counts: np.ndarray, counted_from: int) -> np.ndarray:
-    """Per function: whether its first call of the trace is in the counted minutes."""
-    before, counted = counts[:, :counted_from].sum(axis=1), counts[:, counted_from:].sum(axis=1)
-    return np.asarray((before == 0) & (counted > 0), dtype=bool)
 
 
 def jobs(options: Options) -> list[tuple[str | None, str]]:
