@@ -655,7 +655,7 @@ class Simulation:
         series["memory_allocation"].append(
             float(nodes.memory_requested[alive].sum() / max(nodes.memory_allocatable[alive].sum(), 1))
         )
-        series["watts"].append(nodes.watts(minute * 60.0))
+        series["watts"].append(nodes.watts())
 
     def _finish(self, end: float) -> None:
         """Requests still waiting at the end count with the wait they have had so far."""

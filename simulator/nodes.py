@@ -318,7 +318,7 @@ class Nodes:
                 share[candidates] = min(max(spare, 0), count) / count
         return share
 
-    def watts(self, now: float) -> float:
+    def watts(self) -> float:
         """Power draw of every node that exists, from its CPU allocation (utilization proxy)."""
         return float(self.pool_watts()[0].sum())
 
