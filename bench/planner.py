@@ -4,8 +4,10 @@
     python -m bench.planner --functions 1000,10000 --nodes 1000 --json
 
 What `kdrl serve` does for prewarming, timed apart: the forecast cycle (statsforecast's chosen
-models and the idle-time hazards, after the hourly model choice, which is not in the cycle)
-and the planner's allocation (`prewarm.planning.plan`: every function's benefit and cost, the
+models, the idle-time hazards and the phase answers, after the hourly model choice, which is
+not in the cycle) and the planner's allocation (the choice between the idle-time and the phase
+answer by their losses, `forecaster.phase.Scores`, judging the answers of three minutes
+before; then `prewarm.planning.plan`: every function's benefit and cost, the
 global memory budget spent highest benefit per byte first, pre-pulls onto the placement
 policy's top nodes), on this process's cores. Histories are the shared Azure rows' first 12
 hours repeated to N functions (seeded synthetic ones when the trace is absent), the functions'
@@ -16,15 +18,18 @@ Targets (issue 16): allocation <= 1 s and forecast + allocation <= 10 s at 10,00
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from bench import synthetic
 from bench.forecaster import END, _counts
+from forecaster import phase
 from forecaster.forecasting import Forecaster
 from plugin.cluster import ClusterCache
 from policies import heuristics
@@ -78,12 +83,17 @@ def cycle(functions: int, nodes: int, repeats: int) -> dict[str, Any]:
         forecast_s.append(time.perf_counter() - started)
     table, known = cluster(nodes), states(sorted(forecasts))
     allocation_s, warm = [], 0
-    budget = Budget(warm_memory_bytes=64 * GiB, pulls_per_minute=20)
+    budget, settings = Budget(warm_memory_bytes=64 * GiB, pulls_per_minute=20), PlannerSettings()
+    earlier = {
+        f: replace(made, start_minute=int(END) - settings.lookahead_minutes) for f, made in forecasts.items()
+    }
+    judged = phase.Scores()
+    judged.choose(earlier, settings.lookahead_minutes)  # answers for the timed cycle to judge
     for _ in range(repeats):
+        scores = copy.deepcopy(judged)
         started = time.perf_counter()
-        decided = plan(
-            int(END), forecasts, known, table, budget, policy=heuristics.tuned(), settings=PlannerSettings()
-        )
+        chosen = scores.choose(forecasts, settings.lookahead_minutes)
+        decided = plan(int(END), chosen, known, table, budget, policy=heuristics.tuned(), settings=settings)
         allocation_s.append(time.perf_counter() - started)
         warm = len(decided.warm)
     forecast, allocation = statistics.median(forecast_s), statistics.median(allocation_s)

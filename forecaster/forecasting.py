@@ -27,7 +27,7 @@ import pandas as pd
 from statsforecast import StatsForecast
 from statsforecast.models import ADIDA, IMAPA, TSB, AutoETS, CrostonSBA, Naive, SeasonalNaive
 
-from forecaster import histogram, idletimes
+from forecaster import histogram, idletimes, phase
 from forecaster.history import MinuteCounts, idle_minutes
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,9 @@ class Forecast:
     short_model: str | None = None  # for the first SHORT_STEPS minutes; None: `model`
     pattern: idletimes.Pattern = idletimes.Pattern.NEW  # what its idle times look like
     elapsed_minutes: int | None = None  # since its last invocation minute, at start_minute (1: just before)
+    # The same from the same minutes of the last hours (`phase`); None where it has none.
+    p_within_phase: FloatArray | None = None
+    phase_chosen: bool = False  # whether `phase.Scores` found it the better of the two lately
 
     @property
     def hybrid_holds(self) -> bool:
@@ -78,15 +81,18 @@ class Forecast:
         p_within_idle: FloatArray | None = None,
         pattern: idletimes.Pattern | None = None,
         elapsed_minutes: int | None = None,
+        p_within_phase: FloatArray | None = None,
     ) -> Forecast:
-        """This forecast `minutes` on (the first minutes dropped), with the idle-time answer, class
-        and idle time for that moment; `p_within` over what is left assumes the minutes
-        independent."""
+        """This forecast `minutes` on (the first minutes dropped), with the idle-time and phase
+        answers, class and idle time for that moment; `p_within` over what is left assumes the
+        minutes independent."""
         fresh = replace(
             self,
             p_within_idle=p_within_idle,
             pattern=self.pattern if pattern is None else pattern,
             elapsed_minutes=elapsed_minutes,
+            p_within_phase=p_within_phase,
+            phase_chosen=False,
         )
         if minutes <= 0:
             return fresh
@@ -100,8 +106,18 @@ class Forecast:
         )
 
     @property
+    def answer(self) -> str:
+        """Which answer `best_p_within` gives: "phase", "idle" or "model"."""
+        if self.phase_chosen and self.p_within_phase is not None:
+            return "phase"
+        return "model" if self.p_within_idle is None else "idle"
+
+    @property
     def best_p_within(self) -> FloatArray:
-        """The idle-time answer when there is one (it knows timing), else the model's."""
+        """The phase answer where it has lately been the better one, else the idle-time answer
+        when there is one (it knows timing), else the model's."""
+        if self.phase_chosen and self.p_within_phase is not None:
+            return self.p_within_phase
         return self.p_within if self.p_within_idle is None else self.p_within_idle
 
     def as_json(self) -> dict[str, object]:
@@ -117,10 +133,13 @@ class Forecast:
             "relative_mae": None if self.relative_mae is None else round(self.relative_mae, 4),
             "pattern": self.pattern.value,
             "elapsed_minutes": self.elapsed_minutes,
-            "p_within_idle": None
-            if self.p_within_idle is None
-            else [round(float(v), 4) for v in self.p_within_idle],
+            "p_within_idle": _rounded(self.p_within_idle),
+            "p_within_phase": _rounded(self.p_within_phase),
         }
+
+
+def _rounded(values: FloatArray | None) -> list[float] | None:
+    return None if values is None else [round(float(v), 4) for v in values]
 
 
 @dataclass
@@ -295,6 +314,7 @@ def forecast_chunk(task: ForecastTask) -> dict[str, Forecast]:
                 p_within_idle=idle[function][0],
                 pattern=idle[function][1],
                 elapsed_minutes=idle[function][2],
+                p_within_phase=idle[function][3],
             )
     return out
 
@@ -433,10 +453,10 @@ def idle_answers(
     gaps: Mapping[str, FloatArray],
     horizon: int,
     prior: FloatArray | None = None,
-) -> dict[str, tuple[FloatArray | None, idletimes.Pattern, int | None]]:
-    """Each function's `idletimes` answer for the minutes after its series, its class and its
-    idle minutes (None before its first invocation), all at once, shrunk towards `prior` (by
-    default the pooled hazard of these histories)."""
+) -> dict[str, tuple[FloatArray | None, idletimes.Pattern, int | None, FloatArray | None]]:
+    """Each function's `idletimes` answer for the minutes after its series, its class, its idle
+    minutes (None before its first invocation) and its `phase` answer (None where it has none),
+    all at once, shrunk towards `prior` (by default the pooled hazard of these histories)."""
     functions = list(histories)
     if not functions:
         return {}
@@ -446,9 +466,17 @@ def idle_answers(
     last = np.array([_last_invoked(histories[f]) for f in functions], dtype=np.int64)
     elapsed = np.array([len(histories[f]) for f in functions], dtype=np.int64) - last
     within = idletimes.within_after(own, elapsed, horizon, prior)
+    within[last < 0] = np.nan
+    length = max(len(series) for series in histories.values())
+    invoked = np.zeros((len(functions), length), dtype=np.bool_)
+    for i, f in enumerate(functions):  # shorter series: no calls before they begin
+        invoked[i, length - len(histories[f]) :] = histories[f] > 0
+    by_phase = phase.within_by_phase(invoked, within)
     classes = idletimes.patterns(own)
     return {
-        f: (within[i], classes[i], int(elapsed[i])) if last[i] >= 0 else (None, classes[i], None)
+        f: (within[i], classes[i], int(elapsed[i]), phase.known(by_phase[i]))
+        if last[i] >= 0
+        else (None, classes[i], None, None)
         for i, f in enumerate(functions)
     }
 

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from opentelemetry import trace
 
+from forecaster import phase
 from forecaster.forecasting import Forecast
 from plugin import metrics
 from plugin.emitter import Emitter
@@ -57,6 +58,7 @@ class PrewarmLoop:
     warmed: set[str] = field(default_factory=set)  # functions this replica holds warm
     windows: dict[str, int] = field(default_factory=dict)  # warm function -> minute its window began
     served: set[str] = field(default_factory=set)  # warm functions invoked during their window
+    scores: phase.Scores = field(default_factory=phase.Scores)  # which answer each function takes
 
     async def cycle(self) -> PrewarmPlan:
         """Plan, and apply when this replica leads."""
@@ -75,8 +77,9 @@ class PrewarmLoop:
 
             def planned() -> tuple[PrewarmPlan, int]:
                 known = states()
+                chosen = self.scores.choose(forecasts, self.settings.lookahead_minutes)
                 decided = plan(
-                    minute, forecasts, known, nodes, self.budget, policy=policy, settings=self.settings
+                    minute, chosen, known, nodes, self.budget, policy=policy, settings=self.settings
                 )
                 memory = sum(e.replicas * known[e.function].memory_bytes for e in decided.warm)
                 return decided, memory
@@ -211,6 +214,7 @@ def _why(entry: WarmEntry | PullEntry) -> dict[str, str | int | float]:
         "kdrl.prewarm.probability": reason.probability,
         "kdrl.prewarm.benefit_usd": reason.benefit_usd,
         "kdrl.prewarm.cost_usd": reason.cost_usd,
+        "kdrl.prewarm.answer": reason.answer,
     }
     if isinstance(entry, WarmEntry):
         out["kdrl.prewarm.replicas"] = entry.replicas

@@ -121,6 +121,7 @@ class Reason:
     cost_usd: float
     pattern: str = idletimes.Pattern.NEW.value  # the function's idle-time class
     paid: bool = True  # charged node-hours (False: it fits memory and GPUs that stay up anyway)
+    answer: str = "model"  # whose probability: the model's, the idle-time or the phase answer
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,7 @@ def _evaluate(
         benefit_usd=benefit,
         cost_usd=0.0,  # priced in order (`_priced`): it depends on what fits free memory and GPUs
         pattern=forecast.pattern.value,
+        answer=forecast.answer,
     )
     return WarmEntry(
         function=state.function, replicas=replicas, expires_minute=now_minute + window, reason=reason
@@ -366,6 +368,7 @@ def plan_json(decided: PrewarmPlan) -> dict[str, object]:
             "cost_usd": round(reason.cost_usd, 8),
             "pattern": reason.pattern,
             "paid": reason.paid,
+            "answer": reason.answer,
         }
 
     return {

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
-from forecaster import idletimes
+from forecaster import idletimes, phase
 from forecaster.forecasting import BACKTEST_WINDOWS, Forecast, Forecaster
 from forecaster.history import MinuteCounts
 from policies.placement import PlacementPolicy
@@ -103,6 +103,7 @@ class SimulatedPrewarm:
     settings: PlannerSettings = field(default_factory=lambda: PlannerSettings(scale_down_utilization=0.0))
     _idle: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, idletimes.BINS)))
     _last: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _scores: phase.Scores = field(default_factory=phase.Scores)
 
     def plan(
         self, minute: int, counts: IntArray, nodes: NodeTable, startups_s: Sequence[Sequence[float]]
@@ -113,6 +114,7 @@ class SimulatedPrewarm:
         if minute == 0:  # a new run: every function's idle-time counts, one row each
             self._idle = np.zeros((len(names), idletimes.BINS))
             self._last = np.full(len(names), -1, dtype=np.int64)
+            self._scores = phase.Scores()
         else:
             invoked = np.flatnonzero(counts[:, minute - 1])
             seen = invoked[self._last[invoked] >= 0]
@@ -121,22 +123,26 @@ class SimulatedPrewarm:
             self._last[invoked] = minute - 1
         prior = idletimes.pooled_hazard(self._idle.sum(axis=0))
         invoked = np.flatnonzero(self._last >= 0)
-        within = idletimes.within_after(
+        within = np.full((len(names), HORIZON_MINUTES), np.nan)
+        within[invoked] = idletimes.within_after(
             self._idle[invoked], minute - self._last[invoked], HORIZON_MINUTES, prior
         )
-        answers = dict(zip(invoked.tolist(), within))
+        window = counts[:, max(0, minute - phase.CYCLES * phase.PERIOD_MINUTES) : minute] > 0
+        by_phase = phase.within_by_phase(window, within)
         classes = idletimes.patterns(self._idle)
         age, block = self.schedule.at(minute)
         forecasts = {
             name: made.later(
                 age,
-                p_within_idle=answers.get(row),
+                p_within_idle=phase.known(within[row]),
                 pattern=classes[row],
                 elapsed_minutes=minute - int(self._last[row]) if self._last[row] >= 0 else None,
+                p_within_phase=phase.known(by_phase[row]),
             )
             for row, name in enumerate(names)
             if (made := block.get(name)) is not None
         }
+        forecasts = self._scores.choose(forecasts, self.settings.lookahead_minutes)
         states = {  # `states` are in the workload's order, as the engine's rows are
             name: replace(state, cold_start_s=cold_start_estimate(observed))
             for (name, state), observed in zip(self.states.items(), startups_s, strict=True)

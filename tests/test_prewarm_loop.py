@@ -6,6 +6,7 @@ import asyncio
 import logging
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -291,6 +292,28 @@ async def test_the_plan_is_a_span_linked_to_its_forecast_and_each_change_a_child
     for change in ("kdrl.prewarm.warm", "kdrl.prewarm.prepull"):
         assert finished[change].parent is not None
         assert finished[change].parent.span_id == planned.context.span_id
+
+
+async def test_the_plan_takes_the_phase_answer_once_it_has_scored_better(
+    setup: tuple[FakeKube, dict[str, Any]], spans: InMemorySpanExporter
+) -> None:
+    _, env = setup
+    cycle = loop(env)
+    start = int(NOW // 60)
+    answers = []
+    for minute in range(start, start + 6):  # invoked every minute: the phase answer (0.95) is right
+        made = replace(
+            likely(), start_minute=minute, p_within_idle=np.full(30, 0.3), p_within_phase=np.full(30, 0.95)
+        )
+        env["state"]["forecasts"] = {"shop/hello": made}
+        (warm,) = (await cycle.cycle()).warm
+        answers.append((warm.reason.answer, warm.reason.probability))
+    # Judged from the fourth cycle on (the lookahead is three minutes), then taken.
+    assert answers[:3] == [("idle", pytest.approx(0.3))] * 3
+    assert answers[3:] == [("phase", pytest.approx(0.95))] * 3
+    planned = [s for s in spans.get_finished_spans() if s.name == "kdrl.prewarm.plan"][-1]
+    (event,) = [e for e in planned.events if e.name == "kdrl.prewarm.warm"]
+    assert event.attributes is not None and event.attributes["kdrl.prewarm.answer"] == "phase"
 
 
 async def test_a_new_leader_restores_what_a_crashed_one_left_warm(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from forecaster import phase
 from forecaster.forecasting import Forecast
 from policies import heuristics
-from prewarm.planning import DEFAULT_COLD_START_S, PlannerSettings
+from prewarm.planning import DEFAULT_COLD_START_S, PlannerSettings, Reason
 from simulator import clusterspec, engine, keepalive, nodes, prewarming
 from tests.test_engine import one_function
+from tests.test_phase import hourly_bursts
 
 MINUTES = 60
 
@@ -103,3 +105,35 @@ def test_the_simulated_planner_prices_the_cold_starts_the_engine_observed() -> N
     before = benefit(0, [])
     after = benefit(1, [2.0, 3.0, 40.0])  # the same forecast minute-on: the same probability
     assert before > 0 and after / before == pytest.approx(3.0 / DEFAULT_COLD_START_S)
+
+
+def reason_before_the_burst(monkeypatch: pytest.MonkeyPatch, *, phase_allowed: bool) -> Reason | None:
+    """The plan's reason two minutes before the twelfth hour's burst at :06 of a function with
+    stray calls after some bursts, planned minute by minute from the start."""
+    if not phase_allowed:  # no loss is ever this much lower: the idle-time answer throughout
+        monkeypatch.setattr(phase, "MARGIN", 1.0)
+    workload = one_function()
+    cluster = clusterspec.load("small")
+    prewarmer = prewarming.SimulatedPrewarm(
+        schedule=flat_forecasts(workload.functions[0].service, every=10),
+        states=prewarming.function_states(workload),
+        policy=heuristics.kube_default(),
+        budget=prewarming.budget(cluster),
+        settings=PlannerSettings(scale_down_utilization=0.0, hybrid_memory_share=None),
+    )
+    now = 11 * 60 + 4
+    counts = hourly_bursts(12, strays=(3, 20, 0, 8, 14))[None, :now]
+    table, _ = nodes.Nodes(cluster).table(0.0)
+    for minute in range(now + 1):
+        planned = prewarmer.plan(minute, counts[:, :minute], table, [[]])
+    return planned.warm[0].reason if planned.warm else None
+
+
+def test_the_simulated_planner_warms_an_hourly_burst_by_its_minute_of_the_hour(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    taken = reason_before_the_burst(monkeypatch, phase_allowed=True)
+    assert taken is not None and taken.answer == "phase" and taken.probability > 0.9
+    # The stray calls restart the idle clock: the idle-time answer alone hedges.
+    hedged = reason_before_the_burst(monkeypatch, phase_allowed=False)
+    assert hedged is not None and hedged.answer == "idle" and hedged.probability < 0.6
