@@ -115,10 +115,9 @@ class Forecast:
     @property
     def best_p_within(self) -> FloatArray:
         """The phase answer where it has lately been the better one, else the idle-time answer
-        when there is one (it knows timing), else the model's."""
-        if self.phase_chosen and self.p_within_phase is not None:
-            return self.p_within_phase
-        return self.p_within if self.p_within_idle is None else self.p_within_idle
+        when there is one (it knows timing), else the model's (`answer` names which)."""
+        chosen = {"phase": self.p_within_phase, "idle": self.p_within_idle}.get(self.answer)
+        return self.p_within if chosen is None else chosen
 
     def as_json(self) -> dict[str, object]:
         return {
