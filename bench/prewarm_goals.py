@@ -143,7 +143,8 @@ def main() -> None:
             workers=args.workers, keepalives=KEEPALIVES, warmup_minutes=args.warmup_minutes, **kwargs
         )
         results.append((name, verdicts(measured["rows"])))
-        print(f"{name}: done", file=sys.stderr)
+        # Each selection as it finishes, so a run cut short keeps what it measured.
+        print(f"{name}: {json.dumps(results[-1][1])}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps([{"selection": n, **r} for n, r in results], indent=2))
     else:

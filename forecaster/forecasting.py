@@ -86,23 +86,21 @@ class Forecast:
         """This forecast `minutes` on (the first minutes dropped), with the idle-time and phase
         answers, class and idle time for that moment; `p_within` over what is left assumes the
         minutes independent."""
-        fresh = replace(
+        shift = max(minutes, 0)
+        p_invoked = self.p_invoked[shift:]
+        p_within = np.asarray(1.0 - np.cumprod(1.0 - p_invoked), dtype=np.float64) if shift else self.p_within
+        # One `replace`: the simulator calls this for every function every minute.
+        return replace(
             self,
+            start_minute=self.start_minute + shift,
+            expected=self.expected[shift:],
+            p_invoked=p_invoked,
+            p_within=p_within,
             p_within_idle=p_within_idle,
             pattern=self.pattern if pattern is None else pattern,
             elapsed_minutes=elapsed_minutes,
             p_within_phase=p_within_phase,
             phase_chosen=False,
-        )
-        if minutes <= 0:
-            return fresh
-        p_invoked = self.p_invoked[minutes:]
-        return replace(
-            fresh,
-            start_minute=self.start_minute + minutes,
-            expected=self.expected[minutes:],
-            p_invoked=p_invoked,
-            p_within=np.asarray(1.0 - np.cumprod(1.0 - p_invoked), dtype=np.float64),
         )
 
     @property
@@ -472,8 +470,9 @@ def idle_answers(
         invoked[i, length - len(histories[f]) :] = histories[f] > 0
     by_phase = phase.within_by_phase(invoked, within)
     classes = idletimes.patterns(own)
+    phase_answers = phase.known(by_phase)
     return {
-        f: (within[i], classes[i], int(elapsed[i]), phase.known(by_phase[i]))
+        f: (within[i], classes[i], int(elapsed[i]), phase_answers[i])
         if last[i] >= 0
         else (None, classes[i], None, None)
         for i, f in enumerate(functions)

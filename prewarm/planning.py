@@ -167,12 +167,13 @@ def plan(
     skipped: list[tuple[str, str]] = []
     for function, forecast in sorted(forecasts.items()):
         state = states.get(function)
-        why_not = _excluded(state, forecast, config)
+        probability = _probability(forecast, config.lookahead_minutes)
+        why_not = _excluded(state, probability, config)
         if why_not:
             skipped.append((function, why_not))
             continue
         assert state is not None
-        candidates.append((_evaluate(now_minute, forecast, state, config), state))
+        candidates.append((_evaluate(now_minute, forecast, probability, state, config), state))
     # The hybrid's idle memory is a target (the last entry may cross it, or a lone function could
     # never be warmed); the operator's budget is a hard cap on the memory held.
     target = float("inf")
@@ -196,22 +197,18 @@ def plan(
     warm, spent, spent_gpus, charged = [], 0, 0, 0.0
     for entry, state in candidates:
         need, need_gpus = entry.replicas * state.memory_bytes, entry.replicas * state.pod.gpu
-        reason = _priced(
-            entry.reason,
-            need,
-            paid=spent + need > free,
-            paid_gpus=need_gpus if spent_gpus + need_gpus > free_gpus else 0,
-            gpu_price_per_s=gpu_price_per_s,
-            config=config,
-        )
-        if reason.benefit_usd <= reason.cost_usd:
+        paid_memory = spent + need > free
+        paid_gpus = need_gpus if spent_gpus + need_gpus > free_gpus else 0
+        cost = _cost(entry.reason.probability, need, paid_memory, paid_gpus, gpu_price_per_s, config)
+        if entry.reason.benefit_usd <= cost:
             skipped.append((entry.function, "cost exceeds benefit"))
         elif spent + need > budget.warm_memory_bytes or charged >= target:
             skipped.append((entry.function, "warm-memory budget exhausted"))
         else:
             spent, spent_gpus = spent + need, spent_gpus + need_gpus
             charged += charges[state.function]
-            warm.append((replace(entry, reason=reason), state))
+            priced = replace(entry.reason, cost_usd=cost, paid=paid_memory or paid_gpus > 0)
+            warm.append((replace(entry, reason=priced), state))
     pulls = _pulls(candidates, nodes, budget, policy, config)
     return PrewarmPlan(
         now_minute=now_minute,
@@ -267,12 +264,12 @@ def _gpu_price_per_s(nodes: NodeTable, config: PlannerSettings) -> float:
     return float(np.median(known) if known.size else config.gpu_price_per_hour) / 3600.0
 
 
-def _excluded(state: FunctionState | None, forecast: Forecast, config: PlannerSettings) -> str:
+def _excluded(state: FunctionState | None, probability: float, config: PlannerSettings) -> str:
     if state is None:
         return "no state (unknown to the cluster)"
     if not state.prewarm_allowed:
         return "opted out (kdrl.dev/prewarm: false)"
-    if _probability(forecast, config.lookahead_minutes) < config.min_probability:
+    if probability < config.min_probability:
         return "unlikely to be invoked soon"
     return ""
 
@@ -283,10 +280,11 @@ def _probability(forecast: Forecast, window: int) -> float:
 
 
 def _evaluate(
-    now_minute: int, forecast: Forecast, state: FunctionState, config: PlannerSettings
+    now_minute: int, forecast: Forecast, probability: float, state: FunctionState, config: PlannerSettings
 ) -> WarmEntry:
-    window, lookahead = config.window_minutes, config.lookahead_minutes
-    probability = _probability(forecast, lookahead)
+    """One warm entry for `state`'s function, `probability` its chance of a call within the
+    lookahead; priced later (`_cost`), in the budget's order."""
+    window = config.window_minutes
     # One warm replica, as the hybrid histogram holds: it spares the start from zero, and
     # Knative scales a running function on load. Replicas for the expected concurrency (Little's
     # law, until 2026-12-04) spent the budget on busy functions whose cold-start share is small
@@ -299,7 +297,7 @@ def _evaluate(
         probability=probability,
         window_minutes=window,
         benefit_usd=benefit,
-        cost_usd=0.0,  # priced in order (`_priced`): it depends on what fits free memory and GPUs
+        cost_usd=0.0,  # priced in order (`_cost`): it depends on what fits free memory and GPUs
         pattern=forecast.pattern.value,
         answer=forecast.answer,
     )
@@ -308,23 +306,21 @@ def _evaluate(
     )
 
 
-def _priced(
-    reason: Reason,
+def _cost(
+    probability: float,
     need_bytes: int,
-    *,
-    paid: bool,
+    paid_memory: bool,
     paid_gpus: int,
     gpu_price_per_s: float,
     config: PlannerSettings,
-) -> Reason:
+) -> float:
     """The expected cost of holding `need_bytes` (and `paid_gpus` GPUs no node that stays up has
     free) until the next plan: they sit idle unless invoked (a conservative proxy: an invoked
     replica counts as busy all that time), at idle power, plus the node's price where they would
-    keep a node up."""
-    idle_s = config.lookahead_minutes * 60 * (1.0 - min(reason.probability, 1.0))
-    price = config.idle_power_price_per_gib_s + (config.memory_price_per_gib_s if paid else 0.0)
-    cost = idle_s * (need_bytes / GiB * price + paid_gpus * gpu_price_per_s)
-    return replace(reason, cost_usd=cost, paid=paid or paid_gpus > 0)
+    keep a node up (`paid_memory`)."""
+    idle_s = config.lookahead_minutes * 60 * (1.0 - min(probability, 1.0))
+    price = config.idle_power_price_per_gib_s + (config.memory_price_per_gib_s if paid_memory else 0.0)
+    return idle_s * (need_bytes / GiB * price + paid_gpus * gpu_price_per_s)
 
 
 def _pulls(

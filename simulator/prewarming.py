@@ -104,6 +104,7 @@ class SimulatedPrewarm:
     _idle: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, idletimes.BINS)))
     _last: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _scores: phase.Scores = field(default_factory=phase.Scores)
+    _priced: dict[str, FunctionState] = field(default_factory=dict)  # `states`, cold starts as observed
 
     def plan(
         self, minute: int, counts: IntArray, nodes: NodeTable, startups_s: Sequence[Sequence[float]]
@@ -115,6 +116,7 @@ class SimulatedPrewarm:
             self._idle = np.zeros((len(names), idletimes.BINS))
             self._last = np.full(len(names), -1, dtype=np.int64)
             self._scores = phase.Scores()
+            self._priced = dict(self.states)
         else:
             invoked = np.flatnonzero(counts[:, minute - 1])
             seen = invoked[self._last[invoked] >= 0]
@@ -130,22 +132,26 @@ class SimulatedPrewarm:
         window = counts[:, max(0, minute - phase.CYCLES * phase.PERIOD_MINUTES) : minute] > 0
         by_phase = phase.within_by_phase(window, within)
         classes = idletimes.patterns(self._idle)
+        idle_answers, phase_answers = phase.known(within), phase.known(by_phase)
         age, block = self.schedule.at(minute)
         forecasts = {
             name: made.later(
                 age,
-                p_within_idle=phase.known(within[row]),
+                p_within_idle=idle_answers[row],
                 pattern=classes[row],
                 elapsed_minutes=minute - int(self._last[row]) if self._last[row] >= 0 else None,
-                p_within_phase=phase.known(by_phase[row]),
+                p_within_phase=phase_answers[row],
             )
             for row, name in enumerate(names)
             if (made := block.get(name)) is not None
         }
         forecasts = self._scores.choose(forecasts, self.settings.lookahead_minutes)
-        states = {  # `states` are in the workload's order, as the engine's rows are
-            name: replace(state, cold_start_s=cold_start_estimate(observed))
-            for (name, state), observed in zip(self.states.items(), startups_s, strict=True)
-        }
+        # `states` are in the workload's order, as the engine's rows are; a copy only where the
+        # estimate moved (most minutes, none has).
+        for (name, state), observed in zip(self.states.items(), startups_s, strict=True):
+            estimate = cold_start_estimate(observed)
+            if self._priced[name].cold_start_s != estimate:
+                self._priced[name] = replace(state, cold_start_s=estimate)
         budget = self.budget if self.pull else Budget(self.budget.warm_memory_bytes, pulls_per_minute=0)
-        return plan(minute, forecasts, states, nodes, budget, policy=self.policy, settings=self.settings)
+        settings = self.settings
+        return plan(minute, forecasts, self._priced, nodes, budget, policy=self.policy, settings=settings)
