@@ -84,8 +84,8 @@ class Scores:
     """Each function's decayed log loss of the idle-time and the phase answer at the planner's
     lookahead, judged as the minutes pass; `choose` marks the forecasts that take the phase one.
 
-    State lives in memory: after a restart every function starts from the idle-time answer
-    until its losses have spoken again (a safe fallback, hours at most)."""
+    State lives in memory: after a restart every function takes the idle-time answer until
+    its first answers are judged, `lookahead` minutes on; from then its losses start afresh."""
 
     losses: dict[str, FloatArray] = field(default_factory=dict)  # function -> [idle, phase]
     # minute -> function -> [idle, phase] answers at the lookahead, awaiting their outcome

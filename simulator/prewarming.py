@@ -153,5 +153,6 @@ class SimulatedPrewarm:
             if self._priced[name].cold_start_s != estimate:
                 self._priced[name] = replace(state, cold_start_s=estimate)
         budget = self.budget if self.pull else Budget(self.budget.warm_memory_bytes, pulls_per_minute=0)
-        settings = self.settings
-        return plan(minute, forecasts, self._priced, nodes, budget, policy=self.policy, settings=settings)
+        return plan(
+            minute, forecasts, self._priced, nodes, budget, policy=self.policy, settings=self.settings
+        )

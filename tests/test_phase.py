@@ -107,9 +107,9 @@ def test_the_phase_answer_is_taken_only_once_it_has_scored_better() -> None:
 def test_the_chosen_answer_is_what_the_planner_reads() -> None:
     made = forecast(10, idle=0.2, by_phase=0.7, elapsed=5)
     assert made.answer == "idle" and made.best_p_within[0] == pytest.approx(0.2)
-    chosen = Forecast.later(made, 0, p_within_idle=made.p_within_idle, p_within_phase=made.p_within_phase)
-    assert not chosen.phase_chosen  # a moved-on forecast is judged afresh
     taken = replace(made, phase_chosen=True)
+    moved = taken.later(0, p_within_idle=made.p_within_idle, p_within_phase=made.p_within_phase)
+    assert not moved.phase_chosen  # a moved-on forecast is judged afresh
     assert taken.answer == "phase" and taken.best_p_within[0] == pytest.approx(0.7)
     assert taken.as_json()["p_within_phase"] == [0.7] * HORIZON
 
