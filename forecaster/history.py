@@ -4,7 +4,8 @@
 matrix of uint16 (counts above 65,534 go to a small overflow map), about 5.8 kB a function,
 so 10,000 functions fit in ~58 MB. `HistoryStore` is the durable truth: a SQLite database in
 WAL mode with minute rows for two days and hourly rows beyond, plus the (source, id) keys of
-recent events, so a redelivered event never counts twice, across restarts too. A write
+recent events, so a redelivered event never counts twice, across restarts too, and the losses
+that choose each function's answer (`phase.Scores`), so a restart does not forget them. A write
 returns only once its transaction is committed. A database that SQLite cannot read is moved
 aside (loudly) and a new one started, rather than crash-looping the service.
 What this module does not do: parse events, or forecast.
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+from forecaster.phase import Judged
 
 logger = logging.getLogger(__name__)
 
@@ -413,6 +416,23 @@ class HistoryStore:
             self._db.execute("DELETE FROM minutes WHERE minute < ?", (cutoff,))
             self._db.execute("DELETE FROM seen WHERE at < ?", (now - self._dedup_window_s,))
 
+    def keep_answer_losses(self, judged: Judged) -> None:
+        """Replace the kept answer losses (`phase.Scores`) with `judged`, in one transaction."""
+        with self._db:
+            self._db.execute("DELETE FROM answer_losses")
+            self._db.executemany(
+                "INSERT INTO answer_losses(function, idle, phase, minute) VALUES (?, ?, ?, ?)",
+                [(name, idle, by_phase, judged.minute) for name, (idle, by_phase) in judged.losses.items()],
+            )
+
+    def answer_losses(self) -> Judged | None:
+        """The answer losses last kept; None when none were."""
+        rows = self._db.execute("SELECT function, idle, phase, minute FROM answer_losses").fetchall()
+        if not rows:
+            return None
+        losses = {name: (idle, by_phase) for name, idle, by_phase, _ in rows}
+        return Judged(max(row[3] for row in rows), losses)
+
     def close(self) -> None:
         self._db.close()
 
@@ -433,6 +453,8 @@ def _connect(location: str) -> sqlite3.Connection:
         CREATE TABLE IF NOT EXISTS pods (uid TEXT PRIMARY KEY, function TEXT NOT NULL,
             revision TEXT NOT NULL, created REAL NOT NULL, ready REAL, deleted REAL);
         CREATE TABLE IF NOT EXISTS routes (function TEXT PRIMARY KEY, revision TEXT);
+        CREATE TABLE IF NOT EXISTS answer_losses (function TEXT PRIMARY KEY, idle REAL NOT NULL,
+            phase REAL NOT NULL, minute INTEGER NOT NULL);
         """
     )
     db.execute("SELECT count(*) FROM minutes").fetchone()  # a corrupt file fails here, not later

@@ -17,6 +17,8 @@ starve it of warmth before the call that matters.
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -28,6 +30,8 @@ from forecaster import idletimes
 
 if TYPE_CHECKING:
     from forecaster.forecasting import Forecast
+
+logger = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
@@ -79,18 +83,53 @@ def log_loss(probability: FloatArray, outcome: BoolArray) -> FloatArray:
     return np.asarray(-np.where(outcome, np.log(p), np.log(1.0 - p)), dtype=np.float64)
 
 
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """What `Scores` has learned, as plain numbers to keep across a restart: each function's
+    decayed (idle-time, phase) log losses as they stood at `minute`."""
+
+    minute: int
+    losses: Mapping[str, tuple[float, float]]
+
+
 @dataclass
 class Scores:
     """Each function's decayed log loss of the idle-time and the phase answer at the planner's
     lookahead, judged as the minutes pass; `choose` marks the forecasts that take the phase one.
 
-    State lives in memory: after a restart every function takes the idle-time answer until
-    its first answers are judged, `lookahead` minutes on; from then its losses start afresh."""
+    The service keeps `judged()` in its history database and `resumed` goes on from it after a
+    restart, so a function that took the phase answer takes it again at once. Only the answers
+    still awaiting their outcome (the last `lookahead` minutes') are not kept."""
 
     losses: dict[str, FloatArray] = field(default_factory=dict)  # function -> [idle, phase]
     # minute -> function -> [idle, phase] answers at the lookahead, awaiting their outcome
     pending: dict[int, dict[str, FloatArray]] = field(default_factory=dict)
     judged_minute: int | None = None
+
+    @classmethod
+    def resumed(cls, judged: Judged | None) -> Scores:
+        """Scores that go on from `judged` (None: from nothing). Losses that are not finite and
+        non-negative (a damaged database) are dropped: those functions start afresh."""
+        if judged is None:
+            return cls()
+        losses = {
+            name: np.array(loss, dtype=np.float64)
+            for name, loss in judged.losses.items()
+            if all(math.isfinite(x) and x >= 0.0 for x in loss)
+        }
+        if len(losses) < len(judged.losses):
+            logger.warning(
+                "dropped the answer losses of %d functions (not finite, or negative); they start afresh",
+                len(judged.losses) - len(losses),
+            )
+        return cls(losses=losses, judged_minute=judged.minute)
+
+    def judged(self) -> Judged | None:
+        """The losses as plain numbers; None before anything has been judged."""
+        if self.judged_minute is None:
+            return None
+        losses = {name: (float(loss[0]), float(loss[1])) for name, loss in self.losses.items()}
+        return Judged(self.judged_minute, losses)
 
     def choose(self, forecasts: Mapping[str, Forecast], lookahead: int) -> dict[str, Forecast]:
         """`forecasts` (all made at one minute) with `phase_chosen` set where the phase answer

@@ -29,6 +29,7 @@ from kubernetes.aio.client import ApiClient
 from forecaster import history
 from forecaster.forecasting import Engine, Forecaster, LocalEngine
 from forecaster.history import HistoryStore, Lifecycle, MinuteCounts
+from forecaster.phase import Scores
 from plugin import audiences, events, informer, kube, metrics, objectfiles, webhook, wire
 from plugin.cleanup import serving_supports_revision_min_scale
 from plugin.cluster import ClusterCache
@@ -193,9 +194,14 @@ def _prewarming(app: web.Application, api: ApiClient, settings: Settings, watch:
         emitter=Emitter(config.sink) if config.sink else None,
         forecast_context=lambda: forecasts.context,
         invoked=lambda function, minute: _invoked_since(sink, function, minute),
+        keep_scores=lambda judged: sink.on_store(partial(sink.store.keep_answer_losses, judged)),
     )
 
     async def plan_forever() -> None:
+        try:  # which answer each function had earned before a restart
+            loop.scores = Scores.resumed(await sink.on_store(sink.store.answer_losses))
+        except Exception as error:  # a damaged table: the losses start afresh
+            logger.warning("could not read the kept answer losses (%s); starting afresh", error)
         if not config.shadow:
             supported, found = await serving_supports_revision_min_scale(api, timeout_s=timeout)
             logger.log(logging.INFO if supported else logging.WARNING, "prewarm: %s", found)

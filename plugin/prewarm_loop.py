@@ -59,6 +59,9 @@ class PrewarmLoop:
     windows: dict[str, int] = field(default_factory=dict)  # warm function -> minute its window began
     served: set[str] = field(default_factory=set)  # warm functions invoked during their window
     scores: phase.Scores = field(default_factory=phase.Scores)  # which answer each function takes
+    # Where the scores are kept after each cycle, to be resumed after a restart (None: not kept).
+    keep_scores: Callable[[phase.Judged], Awaitable[None]] | None = None
+    _kept_minute: int | None = None
 
     async def cycle(self) -> PrewarmPlan:
         """Plan, and apply when this replica leads."""
@@ -75,17 +78,18 @@ class PrewarmLoop:
             )
             minute = int(self.clock() // 60)
 
-            def planned() -> tuple[PrewarmPlan, int]:
+            def planned() -> tuple[PrewarmPlan, int, phase.Judged | None]:
                 known = states()
                 chosen = self.scores.choose(forecasts, self.settings.lookahead_minutes)
                 decided = plan(
                     minute, chosen, known, nodes, self.budget, policy=policy, settings=self.settings
                 )
                 memory = sum(e.replicas * known[e.function].memory_bytes for e in decided.warm)
-                return decided, memory
+                return decided, memory, self.scores.judged()
 
-            decided, memory = await asyncio.get_running_loop().run_in_executor(None, planned)
+            decided, memory, judged = await asyncio.get_running_loop().run_in_executor(None, planned)
             self.latest = decided
+            await self._keep(judged)  # before applying: a failing API server must not stop it
             leading = self.leading()
             mode = {"kdrl.mode": "shadow" if self.actuator.shadow else "applied" if leading else "follower"}
             metrics.prewarm_functions.set(len(decided.warm), mode)
@@ -109,6 +113,17 @@ class PrewarmLoop:
                 await self._apply(decided)
             self._judge_windows(minute)
         return decided
+
+    async def _keep(self, judged: phase.Judged | None) -> None:
+        """Keep the scores once per judged minute; a failure costs only what a restart would
+        forget, so it is logged, not raised."""
+        if self.keep_scores is None or judged is None or judged.minute == self._kept_minute:
+            return
+        try:
+            await self.keep_scores(judged)
+            self._kept_minute = judged.minute
+        except Exception as error:
+            logger.warning("could not keep the answer losses (%s); the next cycle tries again", error)
 
     def _judge_windows(self, minute: int) -> None:
         """Each warm window counted once: a hit when its function is invoked while held, a miss

@@ -20,6 +20,7 @@ from forecaster.history import (
     idle_minutes,
     rebuild,
 )
+from forecaster.phase import Judged
 
 
 def test_ring_keeps_two_days_and_adds_up() -> None:
@@ -170,6 +171,16 @@ def test_a_corrupt_database_is_moved_aside(tmp_path: Path, caplog: pytest.LogCap
     assert "unreadable" in caplog.text
     assert list(tmp_path.glob("history.db.corrupt-*"))
     assert store.record([(None, Effect(counts=[Count("ns/a", 1, 1)]))], 0.0) == [True]
+
+
+def test_answer_losses_survive_a_restart_and_each_keep_replaces_the_last(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    store = HistoryStore(path)
+    assert store.answer_losses() is None  # nothing kept yet
+    store.keep_answer_losses(Judged(100, {"ns/a": (1.5, 0.25), "ns/b": (0.5, 0.75)}))
+    store.keep_answer_losses(Judged(101, {"ns/a": (1.25, 0.5)}))  # ns/b is no longer forecast
+    store.close()
+    assert HistoryStore(path).answer_losses() == Judged(101, {"ns/a": (1.25, 0.5)})
 
 
 def test_a_pod_going_ready_is_one_cold_start_with_its_parts() -> None:

@@ -125,6 +125,36 @@ def test_a_skipped_minute_drops_its_answers_instead_of_misjudging_them() -> None
     assert idle_loss == pytest.approx(-np.log(0.1)) and phase_loss == pytest.approx(-np.log(0.9))
 
 
+def test_resumed_scores_choose_as_before_and_decay_over_the_downtime() -> None:
+    before = phase.Scores()
+    for minute in range(0, 8):  # the phase answer is the sharper one: invoked every minute
+        before.choose({"ns/fn": forecast(minute, idle=0.3, by_phase=0.95, elapsed=1)}, LOOKAHEAD)
+    judged = before.judged()
+    assert judged is not None and judged.minute == 7
+    resumed = phase.Scores.resumed(judged)  # a restart: nothing awaits judgment any more
+    assert resumed.choose({"ns/fn": forecast(20, idle=0.3, by_phase=0.95, elapsed=1)}, LOOKAHEAD)[
+        "ns/fn"
+    ].phase_chosen
+    assert (
+        not phase.Scores()
+        .choose({"ns/fn": forecast(20, idle=0.3, by_phase=0.95, elapsed=1)}, LOOKAHEAD)["ns/fn"]
+        .phase_chosen
+    )
+    # Judged again 3 minutes on: the losses kept at minute 7 have decayed over 16 minutes.
+    resumed.choose({"ns/fn": forecast(23, idle=0.3, by_phase=0.95, elapsed=1)}, LOOKAHEAD)
+    decay = 0.5 ** (16 / phase.HALF_LIFE_MINUTES)
+    kept, judged_now = np.array(judged.losses["ns/fn"]), phase.log_loss(np.array([0.3, 0.95]), np.bool_(True))
+    assert resumed.losses["ns/fn"] == pytest.approx(kept * decay + judged_now)
+
+
+def test_damaged_kept_losses_are_dropped_not_trusted(caplog: pytest.LogCaptureFixture) -> None:
+    judged = phase.Judged(5, {"ns/ok": (1.0, 0.5), "ns/nan": (float("nan"), 0.5), "ns/neg": (1.0, -2.0)})
+    resumed = phase.Scores.resumed(judged)
+    assert list(resumed.losses) == ["ns/ok"] and resumed.judged_minute == 5
+    assert "2 functions" in caplog.text
+    assert phase.Scores.resumed(None).judged() is None
+
+
 def test_idletimes_strength_is_the_phase_shrinkage() -> None:
     # Documented in `phase`: the pseudo-hours are the idle-time answer's pseudo-periods.
     due = by_phase(hourly_bursts(12)[: 11 * 60 + 4], idle=0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -18,7 +19,9 @@ from aiohttp.test_utils import TestServer
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from forecaster import phase
 from forecaster.forecasting import Forecast
+from forecaster.history import HistoryStore
 from plugin import app as service
 from plugin.emitter import Emitter
 from plugin.errors import KubeApiError
@@ -273,6 +276,31 @@ async def test_the_service_plans_leads_and_falls_back_to_shadow_on_old_serving(
     assert fake.objects["leases"]["kdrl-system/kdrl-prewarm"]["spec"]["holderIdentity"] == "replica-a"
 
 
+async def test_the_service_resumes_and_keeps_the_answer_losses_in_its_history(
+    aiohttp_client: Any, fake_kube: tuple[FakeKube, str], tmp_path: Path
+) -> None:
+    _, url = fake_kube
+    path = tmp_path / "history.db"
+    before = HistoryStore(path)
+    before.keep_answer_losses(phase.Judged(100, {"shop/hello": (2.0, 0.5)}))
+    before.close()
+    settings = Settings(
+        kube=KubeSettings(api_url=url, watch_timeout_s=1, backoff_max_s=0.2, request_timeout_s=2),
+        history=HistorySettings(path=path),
+        prewarm=PrewarmSettings(identity="replica-a"),
+    )
+    client = await aiohttp_client(await service.create_app(settings))
+    prewarm = client.server.app[service.PREWARM]
+    deadline = asyncio.get_running_loop().time() + 10
+    while prewarm.latest is None:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
+    assert prewarm.scores.judged() == phase.Judged(100, {"shop/hello": (2.0, 0.5)})
+    assert prewarm.keep_scores is not None
+    await prewarm.keep_scores(phase.Judged(101, {"shop/hello": (1.0, 0.25)}))
+    assert HistoryStore(path).answer_losses() == phase.Judged(101, {"shop/hello": (1.0, 0.25)})
+
+
 async def test_the_plan_is_a_span_linked_to_its_forecast_and_each_change_a_child(
     setup: tuple[FakeKube, dict[str, Any]], spans: InMemorySpanExporter
 ) -> None:
@@ -314,6 +342,55 @@ async def test_the_plan_takes_the_phase_answer_once_it_has_scored_better(
     planned = [s for s in spans.get_finished_spans() if s.name == "kdrl.prewarm.plan"][-1]
     (event,) = [e for e in planned.events if e.name == "kdrl.prewarm.warm"]
     assert event.attributes is not None and event.attributes["kdrl.prewarm.answer"] == "phase"
+
+
+async def test_a_restarted_service_takes_the_answer_it_had_earned(
+    setup: tuple[FakeKube, dict[str, Any]], tmp_path: Path
+) -> None:
+    _, env = setup
+    store = HistoryStore(tmp_path / "history.db")
+
+    async def keep(judged: phase.Judged) -> None:
+        store.keep_answer_losses(judged)
+
+    def invoked_every_minute(minute: int) -> Forecast:
+        made = replace(likely(), start_minute=minute)
+        return replace(made, p_within_idle=np.full(30, 0.3), p_within_phase=np.full(30, 0.95))
+
+    first = loop(env)
+    first.keep_scores = keep
+    start = int(NOW // 60)
+    for minute in range(start, start + 6):
+        env["state"]["forecasts"] = {"shop/hello": invoked_every_minute(minute)}
+        assert (await first.cycle()).warm
+    assert first.latest is not None and first.latest.warm[0].reason.answer == "phase"
+    store.close()
+
+    kept = HistoryStore(tmp_path / "history.db").answer_losses()  # the process restarts
+    restarted, fresh = loop(env), loop(env)
+    restarted.scores = phase.Scores.resumed(kept)
+    env["state"]["forecasts"] = {"shop/hello": invoked_every_minute(start + 6)}
+    (resumed,) = (await restarted.cycle()).warm
+    (forgotten,) = (await fresh.cycle()).warm
+    assert resumed.reason.answer == "phase"  # at once, not three minutes on
+    assert forgotten.reason.answer == "idle"
+
+
+async def test_a_store_that_fails_to_keep_the_scores_costs_a_warning_not_the_cycle(
+    setup: tuple[FakeKube, dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, env = setup
+
+    async def broken(judged: phase.Judged) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    cycle = loop(env)
+    cycle.keep_scores = broken
+    start = int(NOW // 60)
+    for minute in range(start, start + 5):
+        env["state"]["forecasts"] = {"shop/hello": replace(likely(), start_minute=minute)}
+        assert (await cycle.cycle()).warm  # planned and applied all the same
+    assert "could not keep the answer losses" in caplog.text
 
 
 async def test_a_new_leader_restores_what_a_crashed_one_left_warm(
