@@ -172,6 +172,12 @@ prewarm_replicas = meter.create_gauge(
 prewarm_memory = meter.create_gauge(
     "kdrl.prewarm.memory", unit="By", description="Memory of the replicas the latest plan holds warm, by mode"
 )
+prewarm_idle_memory = meter.create_gauge(
+    "kdrl.prewarm.idle_memory",
+    unit="By",
+    description="Memory the latest plan's warm replicas are expected to leave idle until the next plan, "
+    "by budget: expected (what it holds) or target (the hybrid histogram's share it may spend up to)",
+)
 prewarm_changes = meter.create_counter(
     "kdrl.prewarm.changes", description="min-scale changes to revisions, by action and result"
 )

@@ -95,6 +95,9 @@ class PrewarmLoop:
             metrics.prewarm_functions.set(len(decided.warm), mode)
             metrics.prewarm_replicas.set(sum(e.replicas for e in decided.warm), mode)
             metrics.prewarm_memory.set(memory, mode)
+            metrics.prewarm_idle_memory.set(decided.idle_bytes, {**mode, "kdrl.budget": "expected"})
+            if decided.idle_target_bytes is not None:
+                metrics.prewarm_idle_memory.set(decided.idle_target_bytes, {**mode, "kdrl.budget": "target"})
             span.set_attributes(
                 {
                     "kdrl.prewarm.warm": len(decided.warm),

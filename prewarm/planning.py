@@ -146,6 +146,10 @@ class PrewarmPlan:
     warm: tuple[WarmEntry, ...]
     pulls: tuple[PullEntry, ...]
     skipped: tuple[tuple[str, str], ...]  # (function, why) for functions not prewarmed
+    # The budget as it stood: the memory the warm entries are expected to leave idle until the
+    # next plan, and the target it was spent up to (None: no hybrid share; the GiB cap only).
+    idle_bytes: float = 0.0
+    idle_target_bytes: float | None = None
 
     def replicas(self, function: str) -> int:
         return next((w.replicas for w in self.warm if w.function == function), 0)
@@ -215,6 +219,8 @@ def plan(
         warm=tuple(e for e, _ in warm),
         pulls=pulls,
         skipped=tuple(sorted(skipped)),
+        idle_bytes=charged,
+        idle_target_bytes=None if config.hybrid_memory_share is None else target,
     )
 
 
@@ -382,4 +388,8 @@ def plan_json(decided: PrewarmPlan) -> dict[str, object]:
             {"function": p.function, "image": p.image, "node": p.node, **why(p.reason)} for p in decided.pulls
         ],
         "skipped": [{"function": f, "why": reason} for f, reason in decided.skipped],
+        "budget": {
+            "expected_idle_bytes": round(decided.idle_bytes),
+            "target_idle_bytes": None if (target := decided.idle_target_bytes) is None else round(target),
+        },
     }

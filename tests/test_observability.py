@@ -108,6 +108,8 @@ async def test_the_explorer_shows_decisions_plan_and_history_as_text(
         await page.wait_for("document.querySelectorAll('#decisions tbody tr.decision').length === 2")
         text = await page.wait_for("document.querySelector('#warm tbody').innerText")
         assert "shop/hello" in text  # the plan's warm entry, with its reason
+        summary = await page.evaluate("document.getElementById('prewarm-summary').innerText")
+        assert re.search(r"1 functions warm \(\d+\.\d\d of a \d+\.\d\d GiB idle-memory target\)", summary)
         body = await page.evaluate("document.body.innerText")
         assert "shop/" + HOSTILE_POD in body  # markup shown as text ...
         assert "kube-default" in body

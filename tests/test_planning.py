@@ -20,6 +20,7 @@ from prewarm.planning import (
     free_memory,
     hybrid_idle_memory,
     plan,
+    plan_json,
 )
 
 GiB = 1 << 30
@@ -241,6 +242,16 @@ def test_no_more_idle_memory_than_the_hybrid_histogram_would_leave() -> None:
     # crossed, and ns/held, the least benefit per idle byte, is left cold.
     assert [w.function for w in result.warm] == ["ns/sure", "ns/gone"]
     assert ("ns/held", "warm-memory budget exhausted") in result.skipped
+    # The plan says how far it went: what it expects to leave idle, against the target.
+    assert result.idle_bytes == pytest.approx(0.05 * GiB / 2 + 0.5 * GiB / 2)
+    assert result.idle_target_bytes == GiB // 4
+    assert plan_json(result)["budget"] == {
+        "expected_idle_bytes": round(0.275 * GiB),
+        "target_idle_bytes": GiB // 4,
+    }
+    uncapped = run([held, gone, sure], states)
+    assert uncapped.idle_target_bytes is None and len(uncapped.warm) == 3
+    assert uncapped.idle_bytes == pytest.approx(result.idle_bytes + 0.5 * GiB / 2)
 
 
 def test_a_busy_function_is_warmed_before_an_idle_one_of_equal_benefit() -> None:

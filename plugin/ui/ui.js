@@ -26,6 +26,10 @@ async function getJson(path) {
   return { status: response.status, body };
 }
 
+function gib(bytes) {
+  return (bytes / 2 ** 30).toFixed(2);
+}
+
 function fixed(value, digits) {
   return typeof value === "number" ? value.toFixed(digits) : "";
 }
@@ -93,7 +97,11 @@ function renderPrewarm(result) {
     return;
   }
   const mode = data.shadow ? "shadow mode: planned, not applied" : data.leader ? "applied by this replica (leader)" : "planned; the leader applies it";
-  summary.textContent = `Minute ${data.plan.minute}: ${data.plan.warm.length} functions warm, ${data.plan.pulls.length} pre-pulls, ${data.plan.skipped.length} skipped; ${mode}.`;
+  const budget = data.plan.budget;
+  const idle = budget.target_idle_bytes === null
+    ? `${gib(budget.expected_idle_bytes)} GiB expected idle`
+    : `${gib(budget.expected_idle_bytes)} of a ${gib(budget.target_idle_bytes)} GiB idle-memory target`;
+  summary.textContent = `Minute ${data.plan.minute}: ${data.plan.warm.length} functions warm (${idle}), ${data.plan.pulls.length} pre-pulls, ${data.plan.skipped.length} skipped; ${mode}.`;
   for (const w of data.plan.warm) {
     tbody.appendChild(row([w.function, w.replicas, w.expires_minute, fixed(w.probability, 3),
       fixed(w.benefit_usd, 6), fixed(w.cost_usd, 6), w.pattern, w.paid ? "yes" : "no (free memory)"]));
