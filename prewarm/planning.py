@@ -52,7 +52,10 @@ class PlannerSettings:
     # How soon an invocation must be likely for capacity to be warmed now: plans are redone every
     # minute and a pod starts in seconds, so warming earlier only idles memory.
     lookahead_minutes: int = 3
-    min_probability: float = 0.01  # below this a function is not worth a look
+    # Below this chance of a call within the lookahead a function is not weighed at all. Low, so
+    # that the budget's order decides: a small function called a few times a day can be worth
+    # its few bytes (0.01 until 2026-12-06 kept them all out; docs/prewarm.md).
+    min_probability: float = 0.002
     cold_start_value_per_s: Mapping[Priority, float] = field(
         default_factory=lambda: dict(DEFAULT_COLD_START_VALUE_PER_S)
     )
