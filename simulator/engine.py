@@ -155,6 +155,7 @@ COUNTED_AFTER_WARMUP = (
     "wasted_mb_s",
     "paid_wasted_mb_s",
     "startup_hist",
+    "first_start_hist",
     "capacity_hist",
     "pulls",
     "prepulls",
@@ -181,6 +182,9 @@ class RunResult:
     # with room (capacity), and the rest (scheduling, image pull, container start, runtime init).
     startup_hist: FloatArray
     capacity_hist: FloatArray
+    # The part of `startup_hist` served by each function's first pod of the run: nothing of the
+    # function has run before it, so no node holds its image unless pre-pulled (caches start empty).
+    first_start_hist: FloatArray
     warm_requests: dict[Priority, int]
     timed_out: dict[Priority, int]  # requests the activator gave up on (counted in latency_hist too)
     pulls: int  # image pulls for pods being placed (their start waits for them)
@@ -271,6 +275,7 @@ class Simulation:
         self.completions = np.zeros((COMPLETION_RING_S, n))
         self.buffered: list[list[tuple[float, int]]] = [[] for _ in range(n)]
         self.waiting = np.zeros(n, dtype=np.bool_)  # has buffered requests
+        self.has_started = np.zeros(n, dtype=np.bool_)  # has had a ready pod in this run
         self.priority_index = np.array(
             [list(Priority).index(f.priority) for f in self.functions], dtype=np.int64
         )
@@ -306,6 +311,7 @@ class Simulation:
             latency_hist={p: np.zeros(LATENCY_BINS) for p in priorities},
             startup_hist=np.zeros(LATENCY_BINS),
             capacity_hist=np.zeros(LATENCY_BINS),
+            first_start_hist=np.zeros(LATENCY_BINS),
             warm_requests=dict.fromkeys(priorities, 0),
             timed_out=dict.fromkeys(priorities, 0),
             pulls=0,
@@ -554,9 +560,11 @@ class Simulation:
             self.ready[pod.function] += 1
             self.startups_s[pod.function].append(ready_at - pod.created_at)
             self._release_buffered(pod.function, ready_at, pod)
+            self.has_started[pod.function] = True
 
     def _release_buffered(self, function: int, ready_at: float, pod: _Pod | None) -> None:
         """Buffered requests go to the pod now ready (None: the run ended while they waited)."""
+        first_start = not self.has_started[function]
         for arrived, count in self.buffered[function]:
             wait = max(ready_at - arrived, 0.0)
             self._record_wait(function, wait, count)
@@ -564,6 +572,8 @@ class Simulation:
                 capacity = min(max(pod.placed_at - max(arrived, pod.created_at), 0.0), wait)
                 self.result.capacity_hist[_bin(capacity)] += count
                 self.result.startup_hist[_bin(wait - capacity)] += count
+                if first_start:
+                    self.result.first_start_hist[_bin(wait - capacity)] += count
                 if pod.pull_s > 0.0:
                     weight = PRIORITY_WEIGHT[self.functions[function].priority]
                     self.result.meters.weighted_request_pull_s += weight * count * min(wait, pod.pull_s)

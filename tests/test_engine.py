@@ -367,3 +367,21 @@ def test_each_pods_creation_to_ready_time_is_recorded_for_its_function() -> None
     pull = 400 * MiB / (40 * MiB)  # small.yaml's general pool pulls 40 MiB/s
     first, second = run.startups_s[0]
     assert first == pytest.approx(start + pull) and second == pytest.approx(start)
+
+
+def test_the_first_start_of_each_function_is_told_apart_from_its_later_cold_starts() -> None:
+    # Minute 0: the first start pulls the image; minute 20: a cold start that finds it.
+    row = np.zeros((1, 30), dtype=np.int64)
+    row[0, [0, 20]] = 1
+    result = simulation(row).run()
+    assert result.startup_hist.sum() == 2 and result.first_start_hist.sum() == 1
+    entry = report.cluster_entry(result, np.ones(1), 30 * 60.0)
+    startup = engine.StartupConfig()
+    start = startup.scheduling_s + startup.container_start_s + startup.runtime_init_s
+    pull = 400 * MiB / (40 * MiB)
+    # Within a second: a request arrives within its minute's second, the pod is asked for on it.
+    assert entry["cold_start_latency_p99_s"] == pytest.approx(start + pull, abs=1.0)
+    assert entry["cold_start_latency_p99_s_first_starts_out"] == pytest.approx(start, abs=1.0)
+    # Counted from the warm-up's end, the first start is the warm-up's: nothing of it is left.
+    counted = simulation(row, warmup_minutes=5).run()
+    assert counted.startup_hist.sum() == 1 and counted.first_start_hist.sum() == 0

@@ -40,6 +40,7 @@ def rows(**overrides: dict[str, float]) -> list[dict[str, Any]]:
                     "p75_cold_pct_first_calls_out_weighted": v.get("first_out", v["weighted"] / 2),
                     "wasted_memory_norm": v["wasted"],
                     "cold_latency_p99_s": v["p99"],
+                    "cold_latency_p99_first_starts_out_s": v.get("p99_first_out", v["p99"] / 2),
                     "cost_usd": v["cost"],
                     "energy_kwh": v["energy"],
                     "cold_requests": 1000,
@@ -52,6 +53,7 @@ def test_a_selection_that_meets_every_goal() -> None:
     got = verdicts(rows())
     assert got["heavy"] == got["light"] == got["heavy (weighted)"] == pytest.approx(0.5)
     assert got["cold p99"] == pytest.approx(0.4)
+    assert got["cold p99, first starts out"] == pytest.approx(0.4)
     assert all(GOALS[goal](got[goal]) for goal in GOALS)
 
 
@@ -62,6 +64,7 @@ def test_a_selection_that_meets_every_goal() -> None:
         ({"prewarm": {"weighted": 40.0}}, {"heavy (weighted)", "light (weighted)"}),
         ({"prewarm": {"wasted": 111.0}}, {"wasted memory"}),
         ({"prewarm": {"p99": 8.5}}, {"cold p99"}),
+        ({"prewarm": {"p99_first_out": 9.0}}, set()),  # a diagnostic, never a goal
         ({"prewarm": {"cost": 103.5, "energy": 52.0}}, {"cost", "energy"}),
     ],
 )
@@ -80,6 +83,7 @@ def test_the_table_marks_misses_and_counts_selections() -> None:
     text = table([("a", verdicts(rows())), ("b", verdicts(rows(prewarm={"p75": 1.2})))])
     assert "**0.60x**" in text  # b's heavy: 1.2 / 2
     assert "| goal met on | 1 of 2 | 1 of 2 | 2 of 2 |" in text
+    assert "| cold p99, first starts out / Knative |" in text
 
 
 def test_first_calls_out_is_a_diagnostic_never_a_goal() -> None:
