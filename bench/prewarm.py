@@ -10,8 +10,9 @@ what the others leave), weighted by `occ_ref_samples` too, and, as a diagnostic 
 goals, with each function's first call of the trace left out where it is counted (no policy
 has history before it: a one-day trace's floor that a service running for days would not
 have); wasted memory time (fixed 10-minute keep-alive = 100) and its "paid" part, the idle
-memory that keeps nodes up; cold-start latency p50/p99 (the start-up, image pulls included)
-and the p99 wait for capacity apart, and timed-out requests; image pulls ahead of pods; cost
+memory that keeps nodes up; cold-start latency p50/p99 (the start-up, image pulls included;
+the p99 also without each function's first start of the run, in brackets: no node holds its
+image then) and the p99 wait for capacity apart, and timed-out requests; image pulls ahead of pods; cost
 and energy. About 3.5 minutes on 2 cores (the forecasts run once, beside the other runs).
 """
 
