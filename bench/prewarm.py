@@ -12,8 +12,8 @@ has history before it: a one-day trace's floor that a service running for days w
 have); wasted memory time (fixed 10-minute keep-alive = 100) and its "paid" part, the idle
 memory that keeps nodes up; cold-start latency p50/p99 (the start-up, image pulls included;
 the p99 also without each function's first start of the run, in brackets: no node holds its
-image then) and the p99 wait for capacity apart, and timed-out requests; image pulls ahead of pods; cost
-and energy. About 3.5 minutes on 2 cores (the forecasts run once, beside the other runs).
+image then) and the p99 wait for capacity apart, and timed-out requests; image pulls ahead of
+pods; cost and energy. About 3.5 minutes on 2 cores (the forecasts run once, beside the other runs).
 """
 
 from __future__ import annotations
