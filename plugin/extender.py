@@ -76,9 +76,15 @@ def _rejections(by_reason: Mapping[str, int], unknown: list[str]) -> dict[str, i
 
 
 def extender_scores(raw: FloatArray) -> IntArray:
-    """Raw policy scores -> integers 0..10, min-max over the candidates.
+    """Raw policy scores -> integers 0..10: the policy's best (its highest score, exact ties
+    included) get 10, the others min-max onto 0..9.
 
-    Non-finite scores get 0; if every candidate scores the same, all get the neutral 5.
+    kube-scheduler weighs one extender point above all its own score plugins together
+    (knative/base/scheduler.yaml), so the pod goes where the policy chose and the default plugins
+    only break the policy's own ties, as the simulator breaks them (`simulator.engine.best_row`).
+    Rounding alone would give 10 to every node within 5 % of the best, and the default plugins
+    (LeastAllocated first) would choose among those instead. Non-finite scores get 0; if every
+    candidate scores the same, all get the neutral 5.
     """
     finite = np.isfinite(raw)
     if not finite.any():
@@ -86,7 +92,9 @@ def extender_scores(raw: FloatArray) -> IntArray:
     lo, hi = raw[finite].min(), raw[finite].max()
     if hi - lo <= 0:
         return np.where(finite, NEUTRAL_PRIORITY, 0).astype(np.int64)
-    scaled = np.rint((np.where(finite, raw, lo) - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY)
+    below_best = MAX_EXTENDER_PRIORITY - 1
+    scaled = np.minimum(np.rint((np.where(finite, raw, lo) - lo) / (hi - lo) * below_best), below_best)
+    scaled = np.where(raw == hi, MAX_EXTENDER_PRIORITY, scaled)
     return np.where(finite, scaled, 0).astype(np.int64)
 
 

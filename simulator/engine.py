@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from forecaster.history import Lifecycle
-from policies import filtering, placement
+from policies import filtering, heuristics, placement
 from policies.objectives import PRIORITY_WEIGHT, SLA_TARGET_S
 from policies.placement import PlacementPolicy
 from policies.types import BoolArray, NodeTable, PodRequest, Priority, Toleration
@@ -697,11 +697,18 @@ def _bin(seconds: float) -> int:
     return min(int(seconds / LATENCY_BIN_S), LATENCY_BINS - 1)
 
 
+# kube-scheduler's default scoring, which breaks the ties of the policy it serves (`best_row`).
+DEFAULT_PROFILE = heuristics.kube_default()
+
+
 def best_row(policy: PlacementPolicy, decision: Decision, ties: np.random.Generator | None = None) -> int:
-    """The feasible row `policy` scores highest. With `ties`, one of the rows sharing the
-    highest score uniformly at random, as kube-scheduler's selectHost picks among them (taking
-    the first would pack pods onto low-numbered nodes whenever scores tie, which no real
-    scheduler does); without, the first of them."""
+    """The feasible row `policy` scores highest. Rows tied for it are told apart as the deployed
+    scheduler tells them apart: by kube-scheduler's default score plugins, which our scheduler
+    profile keeps and which only break the extender's ties (knative/base/scheduler.yaml,
+    `plugin.extender.extender_scores`); here their resource and image terms, kube-default's
+    arithmetic. Rows still tied: with `ties`, one of them uniformly at random, as
+    kube-scheduler's selectHost picks (taking the first would pack pods onto low-numbered nodes
+    whenever scores tie, which no real scheduler does); without, the first of them."""
     feasible = np.flatnonzero(decision.feasible)
     if feasible.size == len(decision.nodes):
         scores = np.asarray(policy.score(decision.pod, decision.nodes))
@@ -709,10 +716,13 @@ def best_row(policy: PlacementPolicy, decision: Decision, ties: np.random.Genera
         scores = np.asarray(policy.score(decision.pod, decision.nodes))[feasible]
     else:
         scores = np.asarray(policy.score(decision.pod, decision.nodes.take(feasible)))
-    if ties is None:
-        return int(feasible[int(np.argmax(scores))])
     best = np.flatnonzero(scores == scores.max())
-    return int(feasible[best[int(ties.integers(best.size))] if best.size > 1 else best[0]])
+    if best.size > 1:
+        profile = DEFAULT_PROFILE.score(decision.pod, decision.nodes.take(feasible[best]))
+        best = best[profile == profile.max()]
+    if ties is None or best.size == 1:
+        return int(feasible[best[0]])
+    return int(feasible[best[int(ties.integers(best.size))]])
 
 
 def drive(steps: Steps, choose: Callable[[Decision], int], first: int | None = None) -> RunResult:

@@ -10,7 +10,7 @@ import pytest
 
 from policies import filtering, heuristics
 from policies.objectives import PRIORITY_WEIGHT
-from policies.types import Priority
+from policies.types import Node, NodeTable, PodRequest, Priority
 from simulator import clusterspec, engine, keepalive, nodes, report, traces
 from simulator.workload import FunctionSpec, Workload
 
@@ -264,6 +264,32 @@ def test_equal_scores_are_broken_at_random_as_kube_scheduler_does() -> None:
     ties = np.random.default_rng(3)
     picked = {engine.best_row(policy, decision, ties) for _ in range(60)}
     assert len(picked) >= 5 and all(feasible[row] for row in picked)  # every empty node ties
+
+
+def test_ties_are_broken_by_the_default_plugins_the_deployed_scheduler_keeps() -> None:
+    # Two nodes the policy cannot tell apart: kube-scheduler's default plugins, which break the
+    # extender's ties, prefer the emptier one whatever the random draw.
+    gib = 1 << 30
+    busy = Node(
+        name="busy",
+        cpu_allocatable=4000,
+        memory_allocatable=16 * gib,
+        cpu_requested=3000,
+        memory_requested=12 * gib,
+        cpu_nonzero_requested=3000,
+        memory_nonzero_requested=12 * gib,
+        pod_count=3,
+    )
+    idle = Node(name="idle", cpu_allocatable=4000, memory_allocatable=16 * gib)
+    table = NodeTable.from_nodes([busy, idle])
+    pod = PodRequest(namespace="ns", name="p", cpu_milli=250, memory_bytes=256 << 20)
+    decision = engine.Decision(now=0.0, function=0, pod=pod, nodes=table, feasible=np.ones(2, dtype=bool))
+    blind = heuristics.weighted("images-only", {"ImageLocality": 1.0})  # no node holds the image
+    assert not np.ptp(blind.score(pod, table))
+    ties = np.random.default_rng(0)
+    assert {engine.best_row(blind, decision, ties) for _ in range(20)} == {1}
+    # No tie: the policy's own choice stands against the default plugins.
+    assert engine.best_row(heuristics.most_allocated_policy(), decision, ties) == 0
 
 
 def _one_node_cluster(tmp_path: Path, minimum: int) -> clusterspec.ClusterSpec:

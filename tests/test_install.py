@@ -166,14 +166,24 @@ def test_the_extender_decides_when_it_answers_and_the_default_profile_when_it_do
         nodes = int(rng.integers(2, 40))
         plugin_scores = rng.integers(0, MAX_NODE_SCORE + 1, size=(nodes, vector.size))
         raw = rng.normal(size=nodes)
-        answer = extender_scores(np.where(rng.random(nodes) < 0.2, raw.max(), raw))
-        best = set(np.flatnonzero(answer == answer.max()).tolist())
+        raw = np.where(rng.random(nodes) < 0.2, raw.max(), raw)  # ties for the best
+        raw = np.where(rng.random(nodes) < 0.2, raw.max() - 0.01 * rng.random(nodes), raw)  # near it
+        answer = extender_scores(raw)
+        best = set(np.flatnonzero(raw == raw.max()).tolist())  # the policy's own choice and ties
         assert chosen(plugin_scores, vector, answer, extender["weight"]) in best
         # Down: the node kube-scheduler's default profile (no overrides) would pick.
         default = np.array(list(profile_weights({}).values()))
         assert chosen(plugin_scores, vector, None, 0) == chosen(plugin_scores, default, None, 0)
     adversarial = np.array([[0] * vector.size, [MAX_NODE_SCORE] * vector.size])
     assert chosen(adversarial, vector, np.array([10, 9]), extender["weight"]) == 0
+
+
+def test_only_the_policys_best_get_the_top_extender_score() -> None:
+    # 0.99 would round to 10 on a plain 0..10 scale, and the default plugins would then choose
+    # between it and the best; the best and its exact tie alone get 10.
+    raw = np.array([1.0, 0.99, 0.5, np.nan, 1.0])
+    assert extender_scores(raw).tolist() == [10, 9, 0, 0, 10]
+    assert extender_scores(np.array([3.0, 3.0, np.inf])).tolist() == [5, 5, 0]  # alike: neutral
 
 
 @needs_kubectl
