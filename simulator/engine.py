@@ -23,7 +23,7 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Protocol
 
 import numpy as np
@@ -160,6 +160,7 @@ COUNTED_AFTER_WARMUP = (
     "pulls",
     "prepulls",
     "pods_started",
+    "evictions",
     "pool_energy_j",
     "pool_up_energy_j",
     "pool_cost_usd",
@@ -199,6 +200,7 @@ class RunResult:
     series: dict[str, list[float]]  # per minute: nodes, cpu/memory allocation, watts
     decision_us: list[float] = field(default_factory=list)
     meters: Meters = field(default_factory=Meters)
+    evictions: int = 0  # pods moved off nodes the cluster autoscaler drained (`drain_underused`)
 
     @property
     def energy_j(self) -> float:
@@ -245,13 +247,17 @@ class Simulation:
         new_revisions: bool = False,
         prewarmer: Prewarmer | None = None,
         warmup_minutes: int = 0,
+        drain_underused: bool = False,
     ) -> None:
         """`new_revisions`: the revisions are created as the run starts, each with its
         `initial_scale` pods; otherwise they exist already, scaled to zero (a day's trace).
         `prewarmer`: raises `min-scale` and pre-pulls images each minute, on top of `keepalive`.
         `warmup_minutes`: run but not counted in the result (its invocations, cold starts, waits,
         memory, cost, energy, pulls, series, meters): a run starts with every revision at zero and
-        every image cache empty at once, a burst of cold starts and pulls no running cluster sees."""
+        every image cache empty at once, a burst of cold starts and pulls no running cluster sees.
+        `drain_underused`: the cluster autoscaler also drains nodes under half allocated whose
+        pods fit elsewhere, as the real one does; off, it releases only empty nodes (the
+        evaluation ground until this is measured: docs/simulator-fidelity.md)."""
         self.workload, self.counts, self.placement = workload, counts, placement
         self.startup = startup or StartupConfig()
         self.rng = np.random.default_rng(seed)
@@ -325,6 +331,7 @@ class Simulation:
         )
         self.new_revisions = new_revisions
         self.warmup_minutes = warmup_minutes
+        self.drain_underused = drain_underused
         self.end_minute = counts.shape[1]  # the run ends after this minute (a lookahead's copy sets it)
         self._uncounted: tuple[RunResult, IntArray] | None = None  # the result at the warm-up's end
 
@@ -406,6 +413,8 @@ class Simulation:
         if self.pending and (self.room_changed or t % METRICS_EVERY_S == 0):
             yield from self._place_pending(now)
         if t % METRICS_EVERY_S == 0:
+            if self.drain_underused:
+                yield from self._drain_one(now)
             self._account(now)
 
     def _admit(
@@ -539,15 +548,61 @@ class Simulation:
             return
         pods = self.by_function[function]
         starting = [p for p in pods if not self.pods[p].ready]
-        pod_id = starting[-1] if starting else pods[-1]
-        pods.remove(pod_id)
+        self._remove(starting[-1] if starting else pods[-1], now)
+
+    def _remove(self, pod_id: int, now: float) -> None:
+        """The pod goes, and its room and readiness with it."""
         pod = self.pods[pod_id]
+        self.by_function[pod.function].remove(pod_id)
         pod.alive = False
         self.pod_columns.state[pod_id] = _PodColumns.GONE
         if pod.ready:
-            self.ready[function] -= 1
-        self.nodes.remove_pod(pod.node, self.requests[function], now)
+            self.ready[pod.function] -= 1
+        self.nodes.remove_pod(pod.node, self.requests[pod.function], now)
         self.room_changed = True
+
+    def _drain_one(self, now: float) -> Generator[Decision, int, None]:
+        """The cluster autoscaler's scale-down of a node that is not empty: the first unneeded
+        node (`Nodes.drain_candidates`) whose pods all fit on the other ready nodes goes, its
+        pods evicted and created again by their ReplicaSets, placed as any new pod is. One node
+        per scan, as its default `max-drain-parallelism` of 1; the ten longest unneeded are
+        tried (the real one tries every unneeded node)."""
+        for node in self.nodes.drain_candidates(now)[:10].tolist():
+            pods = np.flatnonzero(
+                (self.pod_columns.node[: self.pod_columns.size] == node)
+                & (self.pod_columns.state[: self.pod_columns.size] != _PodColumns.GONE)
+            ).tolist()
+            if not self._fit_elsewhere(node, pods, now):
+                continue
+            for pod_id in pods:  # evicted: each ReplicaSet creates its pod again, below
+                self.current[self.pods[pod_id].function] -= 1
+                self._remove(pod_id, now)
+            self.result.evictions += len(pods)
+            self.nodes.release(node)
+            for pod_id in pods:
+                yield from self._create_pod(self.pods[pod_id].function, now)
+            return
+
+    def _fit_elsewhere(self, node: int, pods: list[int], now: float) -> bool:
+        """Whether every pod on `node` passes the scheduler's filter on some other ready node,
+        each taking its room before the next is tried (the autoscaler's own simulation)."""
+        table, ids = self.nodes.table(now)
+        others = table.take(np.flatnonzero(ids != node))
+        for pod_id in pods:
+            request = self.requests[self.pods[pod_id].function]
+            feasible = np.flatnonzero(filtering.filter_nodes(request, others, explain=False).feasible)
+            if not feasible.size:
+                return False
+            taken = np.zeros(len(others), dtype=np.int64)
+            taken[feasible[0]] = 1
+            others = replace(
+                others,
+                cpu_requested=others.cpu_requested + taken * request.cpu_milli,
+                memory_requested=others.memory_requested + taken * request.memory_bytes,
+                gpu_requested=others.gpu_requested + taken * request.gpu,
+                pod_count=others.pod_count + taken,
+            )
+        return True
 
     def _start_ready_pods(self, until: float) -> None:
         while self.starting and self.starting[0][0] <= until:

@@ -57,6 +57,8 @@ class Case:
     minutes: tuple[int, int]
     population: str | None = None
     arrival_scale: float = 1.0  # a shifted ground: every minute's invocations times this
+    # the cluster autoscaler also drains nodes under half allocated (`engine.Simulation`)
+    drain_underused: bool = False
 
     @property
     def ground(self) -> str:
@@ -81,7 +83,9 @@ def case_trace(trace: traces.Trace, case: Case) -> traces.Trace:
     return trace.subset(rows).window(*case.minutes).scaled(case.arrival_scale)
 
 
-def simulate(window: traces.Trace, cluster: str, seed: int, policy: PlacementPolicy) -> engine.RunResult:
+def simulate(
+    window: traces.Trace, cluster: str, seed: int, policy: PlacementPolicy, *, drain_underused: bool = False
+) -> engine.RunResult:
     """`window`'s functions on `cluster`, placed by `policy`, with Knative's own keep-alive."""
     return engine.Simulation(
         workload=workload.build(window, seed=seed),
@@ -90,13 +94,14 @@ def simulate(window: traces.Trace, cluster: str, seed: int, policy: PlacementPol
         placement=policy,
         keepalive=keepalive.by_name("knative"),
         seed=seed,
+        drain_underused=drain_underused,
     ).run()
 
 
 def run(trace: traces.Trace, case: Case, policy: PlacementPolicy) -> dict[str, Any]:
     """One simulation: the objectives and the report's headline fields."""
     window = case_trace(trace, case)
-    result = simulate(window, case.cluster, case.seed, policy)
+    result = simulate(window, case.cluster, case.seed, policy, drain_underused=case.drain_underused)
     seconds = window.minutes * 60.0
     entry = report.cluster_entry(result, window.weights, seconds)
     objectives = objectives_of(result, seconds)
@@ -109,6 +114,7 @@ def run(trace: traces.Trace, case: Case, policy: PlacementPolicy) -> dict[str, A
         "image_pulls": entry["image_pulls"],
         "timed_out_requests": entry["timed_out_requests"],
         "nodes_mean": entry["nodes_mean"],
+        "evictions": result.evictions,
     }
 
 
@@ -143,15 +149,23 @@ def evaluate(
     weights: ObjectiveWeights | None = None,
     workers: int = 0,
     progress: Callable[[str], None] = lambda _: None,
+    drain_underused: bool = False,
 ) -> dict[str, Any]:
     """Every policy on every (cluster, seed) and shifted ground, summarised per ground with 95 %
-    intervals and paired ratios to the baselines."""
+    intervals and paired ratios to the baselines. `drain_underused`: on a ground where the
+    cluster autoscaler also drains nodes under half allocated (docs/simulator-fidelity.md)."""
     weights = weights or ObjectiveWeights()
     names = list(dict.fromkeys([*policies, *BASELINES]))
     grounds = [(c, 1.0) for c in clusters] + [(c, scale) for c, scale in shifted]
     cases = [
         Case(
-            c, s, functions if functions is not None else DEFAULT_FUNCTIONS.get(c), minutes, population, scale
+            c,
+            s,
+            functions if functions is not None else DEFAULT_FUNCTIONS.get(c),
+            minutes,
+            population,
+            scale,
+            drain_underused,
         )
         for c, scale in grounds
         for s in seeds
@@ -180,6 +194,7 @@ def evaluate(
             "weights": {k: getattr(weights, k) for k in ("utilization", "qos", "cost", "other")},
             "reference": REFERENCE,
             "baselines": list(BASELINES),
+            "drain_underused": drain_underused,
         },
         "results": entries,
     }
@@ -212,6 +227,7 @@ def _summary(
         "image_pulls": [float(o["image_pulls"]) for _, o in mine],
         "timed_out_requests": [float(o["timed_out_requests"]) for _, o in mine],
         "nodes_mean": [o["nodes_mean"] for _, o in mine],
+        "evictions": [float(o["evictions"]) for _, o in mine],
     }
     entry: dict[str, Any] = {"cluster": ground, "policy": name, "seeds": len(mine)}
     entry["composite"] = interval(scored(case, o)["composite"] for case, o in mine)

@@ -8,7 +8,9 @@ bandwidth), and when disk use passes 85 % the least recently used images no runn
 needs are removed until it is under 80 % (imageGCHigh/LowThresholdPercent defaults).
 The cluster autoscaler model adds a node of the cheapest pool that fits a pending pod, ready
 after a provisioning delay, and releases nodes left empty for 10 minutes (the
-cluster-autoscaler's scale-down-unneeded-time default), down to each pool's `min`.
+cluster-autoscaler's scale-down-unneeded-time default), down to each pool's `min`. Optionally
+(`Simulation(drain_underused=True)`) it also drains nodes under half allocated, as the real
+autoscaler does (`drain_candidates`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 IMAGE_GC_HIGH, IMAGE_GC_LOW = 0.85, 0.80
 SCALE_DOWN_UNNEEDED_S = 600.0
+# cluster-autoscaler defaults: a node whose pods request less than this share of it is
+# unneeded if they fit elsewhere; no scale-down for this long after a scale-up
+SCALE_DOWN_UTILIZATION = 0.5
+SCALE_DOWN_DELAY_AFTER_ADD_S = 600.0
 MiB = 1 << 20
 PROVISIONING_S = 90.0  # a cloud VM joining the cluster: typically 1-2 minutes
 
@@ -114,6 +120,8 @@ class Nodes:
         self.alive = np.array([i < spec.pools[p].count for p, i in rows])
         self.ready_at = np.zeros(len(rows))
         self.empty_since = np.zeros(len(rows))
+        self.underused_since = np.full(len(rows), np.inf)  # under SCALE_DOWN_UTILIZATION since
+        self.last_scale_up = -np.inf
         # Room on provisioning nodes promised to waiting pods this round, so that many waiting
         # pods ask for as many nodes at once, as the cluster autoscaler's estimate does.
         self.promised_cpu = np.zeros(len(rows), dtype=np.int64)
@@ -279,6 +287,7 @@ class Nodes:
                 node = int(free[0])
                 self.alive[node] = True
                 self.ready_at[node] = now + PROVISIONING_S
+                self.last_scale_up = now
                 self.empty_since[node] = now + PROVISIONING_S
                 return node
         return None
@@ -296,14 +305,43 @@ class Nodes:
             )
             spare = int(members.sum()) - pool.min
             for node in idle[::-1][: max(spare, 0)]:
-                self.alive[node] = False
-                for image in self.caches[node].sizes:
-                    self.available_at[image][node] = np.inf
-                self.caches[node] = ImageCache(capacity=self.caches[node].capacity)
-                self.image_sets[node] = self.caches[node].sizes
-                self._cache_generation += 1
+                self.release(int(node))
                 released.append(int(node))
         return released
+
+    def release(self, node: int) -> None:
+        """The node leaves the cluster, and its image cache with it."""
+        self.alive[node] = False
+        self.underused_since[node] = np.inf
+        for image in self.caches[node].sizes:
+            self.available_at[image][node] = np.inf
+        self.caches[node] = ImageCache(capacity=self.caches[node].capacity)
+        self.image_sets[node] = self.caches[node].sizes
+        self._cache_generation += 1
+
+    def drain_candidates(self, now: float) -> IntArray:
+        """The nodes the cluster autoscaler finds unneeded now, longest first: under half
+        allocated (CPU and memory; GPUs on GPU nodes) for at least `SCALE_DOWN_UNNEEDED_S`,
+        in a pool above its minimum; none while a scale-up is recent
+        (`scale-down-delay-after-add`). The caller drains one whose pods fit elsewhere. Called
+        every scan: it keeps the clocks."""
+        gpu_nodes = self.gpu_allocatable > 0
+        share = np.where(
+            gpu_nodes,
+            self.gpu_requested / np.maximum(self.gpu_allocatable, 1),
+            np.maximum(
+                self.cpu_requested / self.cpu_allocatable, self.memory_requested / self.memory_allocatable
+            ),
+        )
+        under = self.alive & (self.ready_at <= now) & (self.pod_count > 0) & (share < SCALE_DOWN_UTILIZATION)
+        self.underused_since = np.where(under, np.minimum(self.underused_since, now), np.inf)
+        if now - self.last_scale_up < SCALE_DOWN_DELAY_AFTER_ADD_S:
+            return np.zeros(0, dtype=np.int64)
+        sizes = np.bincount(self.pool[self.alive], minlength=len(self.spec.pools))
+        above_min = sizes > np.array([pool.min for pool in self.spec.pools])
+        unneeded = now - self.underused_since >= SCALE_DOWN_UNNEEDED_S
+        eligible = np.flatnonzero(under & above_min[self.pool] & unneeded)
+        return eligible[np.argsort(self.underused_since[eligible], kind="stable")]
 
     def release_share(self, idle_only: npt.NDArray[np.bool_]) -> FloatArray:
         """Per node, the share of the `idle_only` nodes (alive, holding idle pods alone) its pool

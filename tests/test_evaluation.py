@@ -46,6 +46,27 @@ def test_evaluate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert (out / name).is_file()
 
 
+def test_evaluate_on_a_ground_where_the_autoscaler_drains_underused_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["evaluate", "--cluster", "small", "--functions", "12", "--seeds", "2", "--workers", "1"]
+    argv += ["--placement", "kube-default", "--shifted", "", "--json"]
+    nodes, evictions = {}, {}
+    for drain in (False, True):
+        flag = ["--drain-underused"] if drain else []
+        assert cli.main([*argv, *flag, "--out", str(tmp_path / str(drain))]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["config"]["drain_underused"] is drain
+        entry = next(e for e in result["results"] if e["policy"] == "kube-default")
+        nodes[drain], evictions[drain] = entry["nodes_mean"]["mean"], entry["evictions"]["mean"]
+    # kube-default spreads 12 functions' pods over 20 nodes: the real autoscaler moves them.
+    assert evictions[False] == 0 < evictions[True]
+    assert nodes[True] < nodes[False]
+    # The gate judges models on the published ground only.
+    assert cli.main([*argv, "--drain-underused", "--against", "m.onnx", "--model", "n.onnx"]) == 2
+    assert "--drain-underused" in capsys.readouterr().err
+
+
 def test_tuning_refuses_the_evaluation_split() -> None:
     case = evaluation.Case("small", 1, 8, (600, 780))
     with pytest.raises(ValueError, match="beyond the training split"):
