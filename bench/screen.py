@@ -33,7 +33,8 @@ WINDOW_MINUTES = 240
 BASELINES = ("kube-default", "tuned")
 
 
-def cases() -> list[Case]:
+def cases(drain_underused: bool = False) -> list[Case]:
+    """`drain_underused`: on the ground where the cluster autoscaler drains underused nodes."""
     starts = range(TRAIN_MINUTES[0], TRAIN_MINUTES[1], WINDOW_MINUTES)  # 0, 240, 480
     grounds = [(cluster, 1.0) for cluster in evaluation.CLUSTERS] + list(evaluation.SHIFTED)
     return [
@@ -43,6 +44,7 @@ def cases() -> list[Case]:
             functions=evaluation.DEFAULT_FUNCTIONS[cluster],
             minutes=(start, start + WINDOW_MINUTES),
             arrival_scale=scale,
+            drain_underused=drain_underused,
         )
         for cluster, scale in grounds
         for i, start in enumerate(starts)
@@ -59,8 +61,8 @@ class Row:
     qos_vs_kube_default: float  # weighted cold-start seconds' ratio to kube-default's, mean
 
 
-def screen(models: Sequence[Path], trace: Path, workers: int) -> list[Row]:
-    screened = cases()
+def screen(models: Sequence[Path], trace: Path, workers: int, drain_underused: bool = False) -> list[Row]:
+    screened = cases(drain_underused)
     unused = onnx_policy.DEFAULT_MODEL  # a heuristic's job carries a model it does not open
     labelled = [(name, (trace, case, name, unused)) for case in screened for name in BASELINES]
     labelled += [(str(model), (trace, case, "onnx", model)) for case in screened for model in models]
@@ -91,12 +93,17 @@ def main() -> None:
     parser.add_argument("models", type=Path, nargs="+", help="ONNX model files")
     parser.add_argument("--trace", type=Path, default=compare.BUNDLED_TRACE)
     parser.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
+    parser.add_argument(
+        "--drain-underused",
+        action="store_true",
+        help="on the ground where the cluster autoscaler also drains nodes under half allocated",
+    )
     args = parser.parse_args()
     for model in args.models:  # a model that cannot serve would be screened as kube-default
         degraded = onnx_policy.load(model, device="cpu").degraded
         if degraded:
             parser.error(degraded)
-    rows = screen(args.models, args.trace, args.workers)
+    rows = screen(args.models, args.trace, args.workers, args.drain_underused)
     print("| model | ground | composite / tuned's (mean [min, max]) | cold-start s / kube-default's |")
     print("| --- | --- | --- | --- |")
     for r in rows:

@@ -23,6 +23,11 @@ from policies import heuristics, onnx_policy
 from simulator import clusterspec, compare, evaluation, plots, traces
 from simulator.learning import config
 
+DRAIN_UNDERUSED_HELP = (
+    "the cluster autoscaler also drains nodes under half allocated, as the real one does "
+    "(off: only empty nodes go, the ground of the published tables; docs/simulator-fidelity.md)"
+)
+
 
 def add_commands(commands: Any) -> None:
     train = commands.add_parser(
@@ -66,6 +71,7 @@ def add_commands(commands: Any) -> None:
     tune.add_argument("--trace", type=Path, default=compare.BUNDLED_TRACE)
     tune.add_argument("--out", type=Path, default=heuristics.TUNED_WEIGHTS, help="weights file to write")
     tune.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
+    tune.add_argument("--drain-underused", action="store_true", help=DRAIN_UNDERUSED_HELP)
     tune.set_defaults(run=_tune)
 
     evaluate = commands.add_parser(
@@ -93,12 +99,7 @@ def add_commands(commands: Any) -> None:
     evaluate.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
     evaluate.add_argument("--out", type=Path, default=Path("out/evaluate"), help="folder for JSON and plot")
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    evaluate.add_argument(
-        "--drain-underused",
-        action="store_true",
-        help="the cluster autoscaler also drains nodes under half allocated, as the real one does "
-        "(off: only empty nodes go, the ground of the published tables; docs/simulator-fidelity.md)",
-    )
+    evaluate.add_argument("--drain-underused", action="store_true", help=DRAIN_UNDERUSED_HELP)
     evaluate.add_argument(
         "--against",
         type=Path,
@@ -275,7 +276,12 @@ def _tune(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("tuning", total=None)
-        result = evaluation.tune(args.trace, workers=args.workers, progress=lambda _: bar.advance(task))
+        cases = [
+            dataclasses.replace(case, drain_underused=args.drain_underused) for case in evaluation.TUNE_CASES
+        ]
+        result = evaluation.tune(
+            args.trace, cases=cases, workers=args.workers, progress=lambda _: bar.advance(task)
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     console.print(

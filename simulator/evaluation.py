@@ -422,7 +422,13 @@ def tune(
         "composite_vs_kube_default": round(scores[best], 6),
         "grid": {term: list(grid[term]) for term in TUNE_TERMS},
         "cases": [
-            {"cluster": c.cluster, "seed": c.seed, "functions": c.functions, "minutes": list(c.minutes)}
+            {
+                "cluster": c.cluster,
+                "seed": c.seed,
+                "functions": c.functions,
+                "minutes": list(c.minutes),
+                "drain_underused": c.drain_underused,
+            }
             for c in cases
         ],
         "ranking": [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -73,8 +74,9 @@ def test_tuning_refuses_the_evaluation_split() -> None:
         evaluation.tune(compare.BUNDLED_TRACE, cases=(case,))
 
 
-def test_tuning_picks_the_best_combination_of_its_grid() -> None:
-    case = evaluation.Case("small", 3, 20, (0, 60))
+@pytest.mark.parametrize("drain", [False, True])
+def test_tuning_picks_the_best_combination_of_its_grid(drain: bool) -> None:
+    case = evaluation.Case("small", 3, 20, (0, 60), drain_underused=drain)
     result = evaluation.tune(
         compare.BUNDLED_TRACE, cases=(case,), grid=dict.fromkeys(evaluation.TUNE_TERMS, (0.0, 1.0)), workers=1
     )
@@ -82,6 +84,7 @@ def test_tuning_picks_the_best_combination_of_its_grid() -> None:
     assert scores == sorted(scores) and result["composite_vs_kube_default"] == scores[0]
     assert set(result["weights"]) == {"BalancedAllocation", *evaluation.TUNE_TERMS}
     heuristics.weighted("check", result["weights"])  # the written weights load as a policy
+    assert [c["drain_underused"] for c in result["cases"]] == [drain]  # on the ground it was asked
 
 
 def test_tuning_refuses_a_grid_without_every_term() -> None:
@@ -120,6 +123,10 @@ def test_the_screen_never_touches_the_evaluation_split() -> None:
     for case in cases:
         assert traces.TRAIN_MINUTES[0] <= case.minutes[0] < case.minutes[1] <= traces.TRAIN_MINUTES[1]
         assert case.seed not in evaluation.SEEDS
+        assert not case.drain_underused
+    # The same cases on the ground where underused nodes are drained (`--drain-underused`).
+    assert [dataclasses.replace(c, drain_underused=False) for c in screen.cases(True)] == cases
+    assert all(c.drain_underused for c in screen.cases(True))
 
 
 def test_the_screen_refuses_a_model_that_cannot_serve(

@@ -289,6 +289,21 @@ def test_arrival_scaling_multiplies_the_same_window(scenarios: environment.Scena
     assert max(factors) > 1.5 and min(factors) < 1.5  # drawn over the range, not one value
 
 
+def test_episodes_on_the_draining_ground_are_the_same_draws_with_the_drain_on(
+    scenarios: environment.Scenarios,
+) -> None:
+    """`kdrl train --drain-underused`: the same episodes, simulated with the cluster autoscaler
+    draining underused nodes; off, as before."""
+    draining = dataclasses.replace(scenarios, drain_underused=True)
+    plain, drained = scenarios.draw(np.random.default_rng(4)), draining.draw(np.random.default_rng(4))
+    assert (plain.trace.func_ids, plain.cluster, plain.seed) == (
+        drained.trace.func_ids,
+        drained.cluster,
+        drained.seed,
+    )
+    assert (plain.simulation().drain_underused, drained.simulation().drain_underused) == (False, True)
+
+
 def test_curriculum_up_to_48_nodes_is_the_default() -> None:
     assert environment.Curriculum.up_to(48) == environment.Curriculum()
     assert environment.Curriculum.up_to(96).stages[-1] == (40, 96)

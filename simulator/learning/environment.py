@@ -51,6 +51,7 @@ class Scenario:
     trace: traces.Trace
     cluster: ClusterSpec
     seed: int
+    drain_underused: bool = False  # the cluster autoscaler also drains underused nodes
 
     def simulation(self, placement_seed: int = 0) -> Simulation:
         from policies import heuristics
@@ -62,6 +63,7 @@ class Scenario:
             placement=heuristics.RandomPolicy(seed=placement_seed),  # unused when driven
             keepalive=keepalive.by_name("knative"),
             seed=self.seed,
+            drain_underused=self.drain_underused,
         )
 
 
@@ -98,6 +100,7 @@ class Scenarios:
     # > 1: each episode's invocations times a factor drawn log-uniformly from [1, this], so
     # training meets the bursts a quiet training split lacks (1: the trace as it is)
     max_arrival_scale: float = 1.0
+    drain_underused: bool = False  # episodes on the ground where underused nodes are drained
 
     def draw(self, rng: np.random.Generator) -> Scenario:
         low, high = self.curriculum.stage(self.progress)
@@ -111,7 +114,7 @@ class Scenarios:
         seed = int(rng.integers(2**31))
         if self.max_arrival_scale > 1.0:  # drawn last: unscaled training keeps its random stream
             window = window.scaled(float(np.exp(rng.uniform(0.0, np.log(self.max_arrival_scale)))))
-        return Scenario(trace=window, cluster=cluster, seed=seed)
+        return Scenario(trace=window, cluster=cluster, seed=seed, drain_underused=self.drain_underused)
 
     @property
     def max_rows(self) -> int:

@@ -58,6 +58,7 @@ def scenarios(args: Args, trace: traces.Trace) -> environment.Scenarios:
             args.largest_cluster, args.episode_minutes, args.fewest_functions_per_node
         ),
         max_arrival_scale=args.max_arrival_scale,
+        drain_underused=args.drain_underused,
     )
 
 
