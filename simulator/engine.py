@@ -567,12 +567,14 @@ class Simulation:
         pods evicted and created again by their ReplicaSets, placed as any new pod is. One node
         per scan, as its default `max-drain-parallelism` of 1; the ten longest unneeded are
         tried (the real one tries every unneeded node)."""
-        for node in self.nodes.drain_candidates(now)[:10].tolist():
-            pods = np.flatnonzero(
-                (self.pod_columns.node[: self.pod_columns.size] == node)
-                & (self.pod_columns.state[: self.pod_columns.size] != _PodColumns.GONE)
-            ).tolist()
-            if not self._fit_elsewhere(node, pods, now):
+        candidates = self.nodes.drain_candidates(now)[:10].tolist()
+        if not candidates:
+            return
+        table, ids = self.nodes.table(now)  # unchanged until a node is drained
+        live = self.pod_columns.state[: self.pod_columns.size] != _PodColumns.GONE
+        for node in candidates:
+            pods = np.flatnonzero(live & (self.pod_columns.node[: self.pod_columns.size] == node)).tolist()
+            if not self._fit_elsewhere(table.take(np.flatnonzero(ids != node)), pods):
                 continue
             for pod_id in pods:  # evicted: each ReplicaSet creates its pod again, below
                 self.current[self.pods[pod_id].function] -= 1
@@ -583,11 +585,9 @@ class Simulation:
                 yield from self._create_pod(self.pods[pod_id].function, now)
             return
 
-    def _fit_elsewhere(self, node: int, pods: list[int], now: float) -> bool:
-        """Whether every pod on `node` passes the scheduler's filter on some other ready node,
+    def _fit_elsewhere(self, others: NodeTable, pods: list[int]) -> bool:
+        """Whether every one of `pods` passes the scheduler's filter on some node of `others`,
         each taking its room before the next is tried (the autoscaler's own simulation)."""
-        table, ids = self.nodes.table(now)
-        others = table.take(np.flatnonzero(ids != node))
         for pod_id in pods:
             request = self.requests[self.pods[pod_id].function]
             feasible = np.flatnonzero(filtering.filter_nodes(request, others, explain=False).feasible)
@@ -772,7 +772,7 @@ def best_row(policy: PlacementPolicy, decision: Decision, ties: np.random.Genera
     else:
         scores = np.asarray(policy.score(decision.pod, decision.nodes.take(feasible)))
     best = np.flatnonzero(scores == scores.max())
-    if best.size > 1:
+    if best.size > 1 and policy != DEFAULT_PROFILE:  # the default profile's own ties stay ties
         profile = DEFAULT_PROFILE.score(decision.pod, decision.nodes.take(feasible[best]))
         best = best[profile == profile.max()]
     if ties is None or best.size == 1:

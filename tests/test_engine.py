@@ -465,8 +465,6 @@ def test_a_node_whose_pods_fit_nowhere_else_is_not_drained(tmp_path: Path) -> No
     # 3.9 cores alone on one node (under half), 4.2 on the other (3.8 free): nothing moves.
     run = _busy_run(tmp_path, 3900, 3900, 300, drain=True)
     result = run.run()
-    assert sorted(run.nodes.cpu_requested[run.nodes.alive].tolist()) == [
-        3925,
-        4250,
-    ]  # with queue-proxy's 25 m each
+    # with queue-proxy's 25 m each
+    assert sorted(run.nodes.cpu_requested[run.nodes.alive].tolist()) == [3925, 4250]
     assert result.evictions == 0
