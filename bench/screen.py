@@ -33,7 +33,7 @@ WINDOW_MINUTES = 240
 BASELINES = ("kube-default", "tuned")
 
 
-def cases(drain_underused: bool = False) -> list[Case]:
+def cases(drain_underused: bool = evaluation.DRAIN_UNDERUSED) -> list[Case]:
     """`drain_underused`: on the ground where the cluster autoscaler drains underused nodes."""
     starts = range(TRAIN_MINUTES[0], TRAIN_MINUTES[1], WINDOW_MINUTES)  # 0, 240, 480
     grounds = [(cluster, 1.0) for cluster in evaluation.CLUSTERS] + list(evaluation.SHIFTED)
@@ -61,7 +61,9 @@ class Row:
     qos_vs_kube_default: float  # weighted cold-start seconds' ratio to kube-default's, mean
 
 
-def screen(models: Sequence[Path], trace: Path, workers: int, drain_underused: bool = False) -> list[Row]:
+def screen(
+    models: Sequence[Path], trace: Path, workers: int, drain_underused: bool = evaluation.DRAIN_UNDERUSED
+) -> list[Row]:
     screened = cases(drain_underused)
     unused = onnx_policy.DEFAULT_MODEL  # a heuristic's job carries a model it does not open
     labelled = [(name, (trace, case, name, unused)) for case in screened for name in BASELINES]
@@ -95,8 +97,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
     parser.add_argument(
         "--drain-underused",
-        action="store_true",
-        help="on the ground where the cluster autoscaler also drains nodes under half allocated",
+        action=argparse.BooleanOptionalAction,
+        default=evaluation.DRAIN_UNDERUSED,
+        help="the cluster autoscaler also drains nodes under half allocated (default; "
+        "--no-drain-underused: only empty nodes go, the ground published before 2026-12-07)",
     )
     args = parser.parse_args()
     for model in args.models:  # a model that cannot serve would be screened as kube-default

@@ -256,8 +256,9 @@ class Simulation:
         memory, cost, energy, pulls, series, meters): a run starts with every revision at zero and
         every image cache empty at once, a burst of cold starts and pulls no running cluster sees.
         `drain_underused`: the cluster autoscaler also drains nodes under half allocated whose
-        pods fit elsewhere, as the real one does; off, it releases only empty nodes, the ground
-        every published table was measured on (docs/simulator-fidelity.md)."""
+        pods fit elsewhere, as the real one does (the placement protocol's ground,
+        `evaluation.DRAIN_UNDERUSED`); off, it releases only empty nodes, the prewarm benches'
+        ground (docs/simulator-fidelity.md)."""
         self.workload, self.counts, self.placement = workload, counts, placement
         self.startup = startup or StartupConfig()
         self.rng = np.random.default_rng(seed)

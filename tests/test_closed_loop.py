@@ -149,6 +149,7 @@ async def test_record_learn_gate_reload_and_roll_back(
     verdict = json.loads((tmp_path / "gate" / "gate.json").read_text())
     assert verdict_code == (0 if verdict["ship"] else 1)
     assert set(verdict["checks"]) == {"composite", "sla_violation_pct_critical", "sla_violation_pct_high"}
+    assert verdict["drain_underused"] is True  # judged on the evaluation's ground
     if verdict["ship"]:
         assert onnx_policy.content_hash(model.read_bytes()) == onnx_policy.content_hash(
             candidate.read_bytes()

@@ -10,7 +10,7 @@ import pytest
 
 from bench import screen
 from plugin import cli
-from policies import heuristics
+from policies import heuristics, onnx_policy
 from policies.objectives import Objectives, ObjectiveWeights, composite
 from simulator import compare, evaluation, traces
 
@@ -53,8 +53,7 @@ def test_evaluate_on_a_ground_where_the_autoscaler_drains_underused_nodes(
     argv = ["evaluate", "--cluster", "small", "--functions", "12", "--seeds", "2", "--workers", "1"]
     argv += ["--placement", "kube-default", "--shifted", "", "--json"]
     nodes, evictions = {}, {}
-    for drain in (False, True):
-        flag = ["--drain-underused"] if drain else []
+    for drain, flag in ((False, ["--no-drain-underused"]), (True, [])):  # the drain is the default
         assert cli.main([*argv, *flag, "--out", str(tmp_path / str(drain))]) == 0
         result = json.loads(capsys.readouterr().out)
         assert result["config"]["drain_underused"] is drain
@@ -63,9 +62,24 @@ def test_evaluate_on_a_ground_where_the_autoscaler_drains_underused_nodes(
     # kube-default spreads 12 functions' pods over 20 nodes: the real autoscaler moves them.
     assert evictions[False] == 0 < evictions[True]
     assert nodes[True] < nodes[False]
-    # The gate judges models on the published ground only.
-    assert cli.main([*argv, "--drain-underused", "--against", "m.onnx", "--model", "n.onnx"]) == 2
-    assert "--drain-underused" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "drain"), [([], True), (["--no-drain-underused"], False)])
+def test_the_gate_judges_on_the_ground_it_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: list[str], drain: bool
+) -> None:
+    """The gate's cases are the evaluation's, on its ground: by default the draining one."""
+    asked: dict[str, object] = {}
+
+    def gate(*args: object, **kwargs: object) -> dict[str, object]:
+        asked.update(kwargs)
+        return {"new": "n", "current": "c", "cases": 0, "checks": {}, "ship": False}
+
+    monkeypatch.setattr(evaluation, "gate", gate)
+    model = str(onnx_policy.DEFAULT_MODEL)
+    argv = ["evaluate", "--model", model, "--against", model, "--out", str(tmp_path), "--json", *flag]
+    assert cli.main(argv) == 1  # "keep the serving model": nothing was judged better
+    assert asked["drain_underused"] is drain
 
 
 def test_tuning_refuses_the_evaluation_split() -> None:
@@ -123,10 +137,10 @@ def test_the_screen_never_touches_the_evaluation_split() -> None:
     for case in cases:
         assert traces.TRAIN_MINUTES[0] <= case.minutes[0] < case.minutes[1] <= traces.TRAIN_MINUTES[1]
         assert case.seed not in evaluation.SEEDS
-        assert not case.drain_underused
-    # The same cases on the ground where underused nodes are drained (`--drain-underused`).
-    assert [dataclasses.replace(c, drain_underused=False) for c in screen.cases(True)] == cases
-    assert all(c.drain_underused for c in screen.cases(True))
+        assert case.drain_underused  # the evaluation's ground
+    # The same cases where only empty nodes go (`--no-drain-underused`).
+    assert [dataclasses.replace(c, drain_underused=True) for c in screen.cases(False)] == cases
+    assert not any(c.drain_underused for c in screen.cases(False))
 
 
 def test_the_screen_refuses_a_model_that_cannot_serve(

@@ -12,7 +12,7 @@ import torch
 
 from policies import features, filtering, heuristics, onnx_policy
 from policies.objectives import ObjectiveWeights
-from simulator import clusterspec, compare, engine, keepalive, traces
+from simulator import clusterspec, compare, engine, evaluation, keepalive, traces
 from simulator.clusterspec import ClusterSpec
 from simulator.learning import environment, export, network, ppo, vectorized
 from simulator.learning.config import Args
@@ -292,8 +292,8 @@ def test_arrival_scaling_multiplies_the_same_window(scenarios: environment.Scena
 def test_episodes_on_the_draining_ground_are_the_same_draws_with_the_drain_on(
     scenarios: environment.Scenarios,
 ) -> None:
-    """`kdrl train --drain-underused`: the same episodes, simulated with the cluster autoscaler
-    draining underused nodes; off, as before."""
+    """`kdrl train --drain-underused` (the default, the evaluation's ground): the same episodes,
+    simulated with the cluster autoscaler draining underused nodes; off, only empty nodes go."""
     draining = dataclasses.replace(scenarios, drain_underused=True)
     plain, drained = scenarios.draw(np.random.default_rng(4)), draining.draw(np.random.default_rng(4))
     assert (plain.trace.func_ids, plain.cluster, plain.seed) == (
@@ -302,6 +302,7 @@ def test_episodes_on_the_draining_ground_are_the_same_draws_with_the_drain_on(
         drained.seed,
     )
     assert (plain.simulation().drain_underused, drained.simulation().drain_underused) == (False, True)
+    assert Args().drain_underused is evaluation.DRAIN_UNDERUSED is True
 
 
 def test_curriculum_up_to_48_nodes_is_the_default() -> None:

@@ -70,9 +70,9 @@ class Args:
     largest_cluster: int = 48  # the curriculum's largest initial cluster (Curriculum.up_to)
     # > 1: episodes' invocations scaled by a factor drawn log-uniformly from [1, this]
     max_arrival_scale: float = 1.0
-    # episodes where the cluster autoscaler also drains nodes under half allocated
-    # (`kdrl evaluate --drain-underused`'s ground; off: the published one)
-    drain_underused: bool = False
+    # episodes where the cluster autoscaler also drains nodes under half allocated, the
+    # evaluation's ground (`evaluation.DRAIN_UNDERUSED`); off: only empty nodes go
+    drain_underused: bool = True
     device: str = "auto"  # auto: CUDA when present
     export_onnx: bool = True
 
