@@ -33,6 +33,7 @@ from simulator.plots import save
 KEEPALIVES = ("knative", "fixed:10", "hybrid", "prewarm", "prewarm:nopull")
 PLOT = REPOSITORY / "docs" / "prewarm.png"
 WARMUP_HELP = "minutes run but not counted (720: the last 12 hours, with the first 12 as history)"
+DRAIN_HELP = "the cluster autoscaler also drains nodes under half allocated (kdrl evaluate's ground)"
 
 
 def measure(
@@ -43,11 +44,13 @@ def measure(
     functions: int | None = None,
     keepalives: tuple[str, ...] = KEEPALIVES,
     warmup_minutes: int = compare.Options.warmup_minutes,
+    drain_underused: bool = False,
 ) -> dict[str, Any]:
     """One selection (the trace's functions, or a seeded `functions` of them), one day.
 
     The first `warmup_minutes` run but are not counted: 720 measures the last 12 hours of a
-    service that has the first 12 as history.
+    service that has the first 12 as history. `drain_underused`: the cluster autoscaler also
+    drains nodes under half allocated (the placement evaluation's ground).
     """
     options = compare.Options(
         trace=trace,
@@ -58,6 +61,7 @@ def measure(
         seed=seed,
         workers=workers,
         warmup_minutes=warmup_minutes,
+        drain_underused=drain_underused,
     )
     compared = compare.compare(options)
     per_function = compared["per_function"]
@@ -151,10 +155,13 @@ def main() -> None:
     parser.add_argument(
         "--warmup-minutes", type=int, default=compare.Options.warmup_minutes, help=WARMUP_HELP
     )
+    parser.add_argument("--drain-underused", action="store_true", help=DRAIN_HELP)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()
-    result = measure(args.seed, args.workers, warmup_minutes=args.warmup_minutes)
+    result = measure(
+        args.seed, args.workers, warmup_minutes=args.warmup_minutes, drain_underused=args.drain_underused
+    )
     drawn = plot(result["rows"], args.plot)
     print(json.dumps(result, indent=2) if args.json else f"{table(result['rows'])}\n\nplot: {drawn}")
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.prewarm import WARMUP_HELP, measure
+from bench.prewarm import DRAIN_HELP, WARMUP_HELP, measure
 from bench.simulator import SHARED_TRACE
 from simulator import traces
 from simulator.compare import Options
@@ -140,12 +140,17 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, default=SHARED_TRACE, help="the shared trace folder")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--warmup-minutes", type=int, default=Options.warmup_minutes, help=WARMUP_HELP)
+    parser.add_argument("--drain-underused", action="store_true", help=DRAIN_HELP)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = []
     for name, kwargs in selections(args.seeds, args.unseen, args.trace):
         measured = measure(
-            workers=args.workers, keepalives=KEEPALIVES, warmup_minutes=args.warmup_minutes, **kwargs
+            workers=args.workers,
+            keepalives=KEEPALIVES,
+            warmup_minutes=args.warmup_minutes,
+            drain_underused=args.drain_underused,
+            **kwargs,
         )
         results.append((name, verdicts(measured["rows"])))
         # Each selection as it finishes, so a run cut short keeps what it measured.

@@ -111,6 +111,12 @@ def _parser() -> argparse.ArgumentParser:
         help="cluster mode: minutes run but not counted, past the start from zero (default: %(default)s)",
     )
     simulate.add_argument(
+        "--drain-underused",
+        action="store_true",
+        help="cluster mode: the cluster autoscaler also drains nodes under half allocated, as the "
+        "real one does and `kdrl evaluate` assumes (off: only empty nodes go, docs/prewarm.md's ground)",
+    )
+    simulate.add_argument(
         "--out", type=Path, default=Path("out/simulate"), help="folder for report.json and plots"
     )
     simulate.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -241,6 +247,7 @@ def _simulate(args: argparse.Namespace) -> int:
         keepalives=tuple(filter(None, args.keepalive.split(","))),
         seed=args.seed,
         warmup_minutes=args.warmup_minutes,
+        drain_underused=args.drain_underused,
     )
     try:
         options.validate()

@@ -44,6 +44,10 @@ class Options:
     # every image cache empty at once; the burst of cold starts and pulls in its first minute
     # (58 % of a planned day's cold requests, bench.prewarm seed 1) is no running cluster's.
     warmup_minutes: int = 10
+    # Cluster mode: the cluster autoscaler also drains nodes under half allocated, as the real
+    # one does (the placement protocol's ground, `evaluation.DRAIN_UNDERUSED`). Off by default:
+    # docs/prewarm.md's tables were measured with only empty nodes released.
+    drain_underused: bool = False
 
     def validate(self) -> None:
         """Fail before any work: unknown names, absurd numbers."""
@@ -189,6 +193,7 @@ def _run_cluster(
             policy=placement,
             budget=prewarming.budget(cluster),
             pull=policy.pull,
+            settings=prewarming.planner_settings(options.drain_underused),
         )
     simulation = engine.Simulation(
         workload=functions,
@@ -199,6 +204,7 @@ def _run_cluster(
         seed=options.seed,
         prewarmer=prewarmer,
         warmup_minutes=options.warmup_minutes,
+        drain_underused=options.drain_underused,
     )
     result = simulation.run()
     entry = _head(job, options)

@@ -26,6 +26,7 @@ from policies.types import NodeTable
 from prewarm.planning import Budget, FunctionState, PlannerSettings, PrewarmPlan, cold_start_estimate, plan
 from simulator.clusterspec import ClusterSpec
 from simulator.engine import pod_request
+from simulator.nodes import SCALE_DOWN_UTILIZATION
 from simulator.workload import Workload
 
 IntArray = npt.NDArray[np.int64]
@@ -90,6 +91,13 @@ def function_states(workload: Workload) -> dict[str, FunctionState]:
     }
 
 
+def planner_settings(drain_underused: bool) -> PlannerSettings:
+    """The planner's settings for the simulated cluster autoscaler: without the drain it releases
+    only empty nodes, so any pod keeps a node up; with it, nodes under half allocated go too, as
+    the service's default setting assumes of a real cluster."""
+    return PlannerSettings(scale_down_utilization=SCALE_DOWN_UTILIZATION if drain_underused else 0.0)
+
+
 @dataclass
 class SimulatedPrewarm:
     """The planner as the engine calls it each minute (`Prewarmer`)."""
@@ -99,8 +107,7 @@ class SimulatedPrewarm:
     policy: PlacementPolicy
     budget: Budget
     pull: bool = True
-    # The simulator's autoscaler releases empty nodes only: any pod keeps a node up.
-    settings: PlannerSettings = field(default_factory=lambda: PlannerSettings(scale_down_utilization=0.0))
+    settings: PlannerSettings = field(default_factory=lambda: planner_settings(drain_underused=False))
     _idle: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, idletimes.BINS)))
     _last: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _scores: phase.Scores = field(default_factory=phase.Scores)
