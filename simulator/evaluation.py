@@ -140,6 +140,31 @@ def run_job(args: tuple[Path, Case, str, Path]) -> tuple[Case, str, dict[str, An
     return case, name, run(trace, case, placement(name, seed=case.seed, model=model))
 
 
+def protocol_cases(
+    grounds: Sequence[tuple[str, float]],
+    seeds: Sequence[int],
+    functions: int | None,
+    minutes: tuple[int, int],
+    population: str | None,
+    drain_underused: bool,
+) -> list[Case]:
+    """Every (cluster, arrival scale) ground with every seed: the cases `evaluate` and `gate`
+    run, each cluster with its default function count unless `functions` is given."""
+    return [
+        Case(
+            cluster,
+            seed,
+            functions if functions is not None else DEFAULT_FUNCTIONS.get(cluster),
+            minutes,
+            population,
+            scale,
+            drain_underused,
+        )
+        for cluster, scale in grounds
+        for seed in seeds
+    ]
+
+
 def evaluate(
     trace_path: Path,
     *,
@@ -162,19 +187,7 @@ def evaluate(
     weights = weights or ObjectiveWeights()
     names = list(dict.fromkeys([*policies, *BASELINES]))
     grounds = [(c, 1.0) for c in clusters] + [(c, scale) for c, scale in shifted]
-    cases = [
-        Case(
-            c,
-            s,
-            functions if functions is not None else DEFAULT_FUNCTIONS.get(c),
-            minutes,
-            population,
-            scale,
-            drain_underused,
-        )
-        for c, scale in grounds
-        for s in seeds
-    ]
+    cases = protocol_cases(grounds, seeds, functions, minutes, population, drain_underused)
     jobs = [(trace_path, case, name, model) for case in cases for name in names]
     runs: dict[tuple[Case, str], dict[str, Any]] = {}
     with ProcessPoolExecutor(max_workers=min(workers or os.cpu_count() or 1, len(jobs))) as pool:
@@ -315,19 +328,7 @@ def gate(
     and the same holds for critical and high SLA violations (within `SLA_MARGIN_PCT` points)."""
     weights = weights or ObjectiveWeights()
     grounds = [(c, 1.0) for c in clusters] + [(c, scale) for c, scale in shifted]
-    cases = [
-        Case(
-            c,
-            s,
-            functions if functions is not None else DEFAULT_FUNCTIONS.get(c),
-            minutes,
-            None,
-            scale,
-            drain_underused,
-        )
-        for c, scale in grounds
-        for s in seeds
-    ]
+    cases = protocol_cases(grounds, seeds, functions, minutes, None, drain_underused)
     jobs = [
         (trace_path, case, label, model)
         for case in cases
