@@ -106,6 +106,15 @@ class _PodColumns:
 
 
 @dataclass(frozen=True, slots=True)
+class _PodActivity:
+    """Every live pod, in creation order: its function, its node, and whether it sits idle."""
+
+    function: IntArray
+    node: IntArray
+    idle: BoolArray
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """One pod to place: the ready nodes, which of them can run it (the shared filter), when."""
 
@@ -266,6 +275,7 @@ class Simulation:
         self.functions = workload.functions
         n = len(self.functions)
         self.requests = [pod_request(f) for f in self.functions]
+        self.pod_cpu_milli = np.array([r.cpu_milli for r in self.requests], dtype=np.float64)
         self.image_of = {f.service: f.image for f in self.functions}
         self.memory_mb = np.array([f.memory_bytes / MiB for f in self.functions])
         self.targets = np.array([f.concurrency_target for f in self.functions])
@@ -672,8 +682,9 @@ class Simulation:
             self.result.meters.weighted_capacity_s += weights * METRICS_EVERY_S
             self.result.meters.weighted_scale_up_wait_s += self._scale_up_waiters(now) * METRICS_EVERY_S
         nodes.scale_down(now)
-        self._meter_paid_idle()
-        drawn, up = nodes.pool_watts()
+        activity = self._pod_activity()
+        self._meter_paid_idle(activity)
+        drawn, up = nodes.pool_watts(self._cpu_in_use(activity))
         price = nodes.pool_price_per_hour()
         self.result.pool_energy_j += drawn * METRICS_EVERY_S
         self.result.pool_up_energy_j += up * METRICS_EVERY_S
@@ -682,14 +693,12 @@ class Simulation:
         share = nodes.cpu_requested[alive].sum() / max(int(nodes.cpu_allocatable[alive].sum()), 1)
         self.result.meters.utilization_s += float(share) * METRICS_EVERY_S
 
-    def _meter_paid_idle(self) -> None:
-        """Idle memory that holds a node up, over the last METRICS_EVERY_S. A function's busy pods
-        are taken to be its oldest ready ones (which of them is busy is not modelled); a node
-        with a busy or starting pod stays up whatever else it holds."""
+    def _pod_activity(self) -> _PodActivity:
+        """Every live pod's function and node, and whether it sits idle: ready with nothing to
+        serve. A function's busy pods are taken to be its oldest ready ones (which of them is busy
+        is not modelled); a starting pod is busy (pulling, starting its container)."""
         columns = self.pod_columns
         pods = np.flatnonzero(columns.state[: columns.size])  # alive, in creation order
-        if not pods.size:
-            return
         function, node = columns.function[pods], columns.node[pods]
         ready = columns.state[pods] == _PodColumns.READY
         busy = np.ceil(np.round(self.inflight / self.targets, 9))
@@ -700,7 +709,25 @@ class Simulation:
         first_of_function = np.searchsorted(ranked, ranked)
         place = np.empty_like(order)
         place[order] = ready_before - ready_before[first_of_function]
-        idle = ready & (place >= busy[function])
+        return _PodActivity(function=function, node=node, idle=ready & (place >= busy[function]))
+
+    def _cpu_in_use(self, activity: _PodActivity) -> IntArray:
+        """Per node, the CPU its busy and starting pods request: what it draws power for. An idle
+        pod's processes sleep, so it adds nothing to the node's draw (it may still keep the node up)."""
+        active = ~activity.idle
+        used = np.bincount(
+            activity.node[active],
+            weights=self.pod_cpu_milli[activity.function[active]],
+            minlength=len(self.nodes.alive),
+        )
+        return np.asarray(used, dtype=np.int64)
+
+    def _meter_paid_idle(self, activity: _PodActivity) -> None:
+        """Idle memory that holds a node up, over the last METRICS_EVERY_S: a node with a busy or
+        starting pod stays up whatever else it holds."""
+        function, node, idle = activity.function, activity.node, activity.idle
+        if not idle.any():
+            return
         needed = np.zeros(len(self.nodes.alive), dtype=np.bool_)
         needed[node[~idle]] = True
         idle_only = np.zeros_like(needed)
@@ -721,7 +748,7 @@ class Simulation:
         series["memory_allocation"].append(
             float(nodes.memory_requested[alive].sum() / max(nodes.memory_allocatable[alive].sum(), 1))
         )
-        series["watts"].append(nodes.watts())
+        series["watts"].append(nodes.watts(self._cpu_in_use(self._pod_activity())))
 
     def _finish(self, end: float) -> None:
         """Requests still waiting at the end count with the wait they have had so far."""

@@ -356,16 +356,19 @@ class Nodes:
                 share[candidates] = min(max(spare, 0), count) / count
         return share
 
-    def watts(self) -> float:
-        """Power draw of every node that exists, from its CPU allocation (utilization proxy)."""
-        return float(self.pool_watts()[0].sum())
+    def watts(self, cpu_in_use: IntArray) -> float:
+        """Power draw of every node that exists (`pool_watts`)."""
+        return float(self.pool_watts(cpu_in_use)[0].sum())
 
-    def pool_watts(self) -> tuple[FloatArray, FloatArray]:
-        """Per pool, the power draw of its nodes that exist, and the part they would draw with
-        nothing allocated: what being up costs, apart from what the pods' CPU adds."""
+    def pool_watts(self, cpu_in_use: IntArray) -> tuple[FloatArray, FloatArray]:
+        """Per pool, the power draw of its nodes that exist, and the part they would draw idle:
+        what being up costs, apart from what the pods' CPU adds. `cpu_in_use`: per node, the
+        millicores its pods are using (not what they request: a node's draw follows its load)."""
         drawn, up = np.zeros(len(self.power)), np.zeros(len(self.power))
         alive = self.alive
-        utilization = np.where(self.cpu_allocatable > 0, self.cpu_requested / self.cpu_allocatable, 0.0)
+        utilization = np.where(
+            self.cpu_allocatable > 0, cpu_in_use / np.maximum(self.cpu_allocatable, 1), 0.0
+        )
         for pool_id, curve in enumerate(self.power):
             members = alive & (self.pool == pool_id)
             if members.any():

@@ -367,12 +367,13 @@ def test_cost_and_energy_are_split_by_pool_and_into_being_up_and_the_pods_cpu(tm
     assert result.pools == ("kept", "drained")
     tick = engine.METRICS_EVERY_S
     kept, drained = 0, 1
-    # Up the whole run; its pod (the function and its queue-proxy) adds (260 - 100) W x its share
-    # of the 8,000 millicores from the time it is placed, within the first minute.
+    # Up the whole run. Its pod (the function and its queue-proxy) adds (260 - 100) W x its share
+    # of the 8,000 millicores while it starts and serves its one request, within the first
+    # minute, and nothing for the 29 minutes it then idles warm: power follows CPU in use.
     assert result.pool_up_energy_j[kept] == pytest.approx(100 * minutes * 60, abs=100 * tick)
     pod_watts = 160 * engine.pod_request(one_function().functions[0]).cpu_milli / 8000
     pods_cpu = result.pool_energy_j[kept] - result.pool_up_energy_j[kept]
-    assert pod_watts * (minutes - 1) * 60 <= pods_cpu <= pod_watts * minutes * 60
+    assert pod_watts * tick <= pods_cpu <= pod_watts * 60
     # Up only until the autoscaler released it, with nothing allocated.
     up_s = nodes.SCALE_DOWN_UNNEEDED_S
     assert result.pool_energy_j[drained] == result.pool_up_energy_j[drained]
@@ -468,3 +469,13 @@ def test_a_node_whose_pods_fit_nowhere_else_is_not_drained(tmp_path: Path) -> No
     # with queue-proxy's 25 m each
     assert sorted(run.nodes.cpu_requested[run.nodes.alive].tolist()) == [3925, 4250]
     assert result.evictions == 0
+
+
+def test_a_busy_pod_draws_its_cpu_share_of_the_nodes_dynamic_power(tmp_path: Path) -> None:
+    # Requests of 20 s every few seconds: the one pod is never idle once up. Its node draws
+    # (250 - 100) W x the pod's share of its 8,000 millicores, beside both nodes' 100 W.
+    busy = dataclasses.replace(one_function(), duration_ms=np.full((1, 7), 20_000.0))
+    result = simulation(np.full((1, 25), 20), workload=busy, cluster=_two_node_cluster(tmp_path)).run()
+    pod_watts = 150 * engine.pod_request(busy.functions[0]).cpu_milli / 8000
+    pods_cpu = float(result.pool_energy_j.sum() - result.pool_up_energy_j.sum())
+    assert pod_watts * 24 * 60 <= pods_cpu <= pod_watts * 25 * 60
