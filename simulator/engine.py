@@ -201,7 +201,7 @@ class RunResult:
     prepulls: int  # image pulls the prewarm planner asked for ahead of any pod
     pods_started: int
     # per pool of the cluster spec (`pools`, by name): its energy, the part its nodes draw for
-    # being up (at no allocation; the rest is the pods' CPU), and its cost
+    # being up (idle; the rest is the CPU its busy and starting pods use), and its cost
     pools: tuple[str, ...]
     pool_energy_j: FloatArray
     pool_up_energy_j: FloatArray

@@ -158,7 +158,7 @@ def cluster_entry(result: RunResult, weights: FloatArray, seconds: float) -> dic
             name: {
                 "cost_usd": _round(float(cost)),
                 "energy_kwh": _round(float(energy) / 3.6e6),
-                "energy_kwh_nodes_up": _round(float(up) / 3.6e6),  # at no allocation: being up
+                "energy_kwh_nodes_up": _round(float(up) / 3.6e6),  # idle: being up
             }
             for name, cost, energy, up in zip(
                 result.pools, result.pool_cost_usd, result.pool_energy_j, result.pool_up_energy_j
