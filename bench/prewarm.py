@@ -33,7 +33,6 @@ from simulator.plots import save
 KEEPALIVES = ("knative", "fixed:10", "hybrid", "prewarm", "prewarm:nopull")
 PLOT = REPOSITORY / "docs" / "prewarm.png"
 WARMUP_HELP = "minutes run but not counted (720: the last 12 hours, with the first 12 as history)"
-DRAIN_HELP = "the cluster autoscaler also drains nodes under half allocated (kdrl evaluate's ground)"
 
 
 def measure(
@@ -155,7 +154,7 @@ def main() -> None:
     parser.add_argument(
         "--warmup-minutes", type=int, default=compare.Options.warmup_minutes, help=WARMUP_HELP
     )
-    parser.add_argument("--drain-underused", action="store_true", help=DRAIN_HELP)
+    parser.add_argument("--drain-underused", action="store_true", help=compare.DRAIN_UNDERUSED_HELP)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args()

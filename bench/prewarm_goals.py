@@ -34,10 +34,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.prewarm import DRAIN_HELP, WARMUP_HELP, measure
+from bench.prewarm import WARMUP_HELP, measure
 from bench.simulator import SHARED_TRACE
 from simulator import traces
-from simulator.compare import Options
+from simulator.compare import DRAIN_UNDERUSED_HELP, Options
 from simulator.evaluation import DEFAULT_FUNCTIONS
 
 KEEPALIVES = ("knative", "hybrid", "prewarm")
@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, default=SHARED_TRACE, help="the shared trace folder")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--warmup-minutes", type=int, default=Options.warmup_minutes, help=WARMUP_HELP)
-    parser.add_argument("--drain-underused", action="store_true", help=DRAIN_HELP)
+    parser.add_argument("--drain-underused", action="store_true", help=DRAIN_UNDERUSED_HELP)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = []

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plugin import learning_cli
 from policies import onnx_policy
 from policies.objectives import ObjectiveWeights, composite
 from simulator import compare, evaluation
@@ -36,7 +37,6 @@ BASELINES = ("kube-default", "tuned")
 def cases(drain_underused: bool = evaluation.DRAIN_UNDERUSED) -> list[Case]:
     """`drain_underused`: on the ground where the cluster autoscaler drains underused nodes."""
     starts = range(TRAIN_MINUTES[0], TRAIN_MINUTES[1], WINDOW_MINUTES)  # 0, 240, 480
-    grounds = [(cluster, 1.0) for cluster in evaluation.CLUSTERS] + list(evaluation.SHIFTED)
     return [
         Case(
             cluster,
@@ -46,7 +46,7 @@ def cases(drain_underused: bool = evaluation.DRAIN_UNDERUSED) -> list[Case]:
             arrival_scale=scale,
             drain_underused=drain_underused,
         )
-        for cluster, scale in grounds
+        for cluster, scale in evaluation.grounds(evaluation.CLUSTERS, evaluation.SHIFTED)
         for i, start in enumerate(starts)
     ]
 
@@ -95,13 +95,7 @@ def main() -> None:
     parser.add_argument("models", type=Path, nargs="+", help="ONNX model files")
     parser.add_argument("--trace", type=Path, default=compare.BUNDLED_TRACE)
     parser.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
-    parser.add_argument(
-        "--drain-underused",
-        action=argparse.BooleanOptionalAction,
-        default=evaluation.DRAIN_UNDERUSED,
-        help="the cluster autoscaler also drains nodes under half allocated (default; "
-        "--no-drain-underused: only empty nodes go, the ground published before 2026-12-07)",
-    )
+    learning_cli.add_drain_underused(parser)
     args = parser.parse_args()
     for model in args.models:  # a model that cannot serve would be screened as kube-default
         degraded = onnx_policy.load(model, device="cpu").degraded

@@ -110,12 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         default=compare.Options.warmup_minutes,
         help="cluster mode: minutes run but not counted, past the start from zero (default: %(default)s)",
     )
-    simulate.add_argument(
-        "--drain-underused",
-        action="store_true",
-        help="cluster mode: the cluster autoscaler also drains nodes under half allocated, as the "
-        "real one does and `kdrl evaluate` assumes (off: only empty nodes go, docs/prewarm.md's ground)",
-    )
+    simulate.add_argument("--drain-underused", action="store_true", help=compare.DRAIN_UNDERUSED_HELP)
     simulate.add_argument(
         "--out", type=Path, default=Path("out/simulate"), help="folder for report.json and plots"
     )

@@ -72,7 +72,7 @@ def add_commands(commands: Any) -> None:
     tune.add_argument("--trace", type=Path, default=compare.BUNDLED_TRACE)
     tune.add_argument("--out", type=Path, default=heuristics.TUNED_WEIGHTS, help="weights file to write")
     tune.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
-    _add_drain_underused(tune)
+    add_drain_underused(tune)
     tune.set_defaults(run=_tune)
 
     evaluate = commands.add_parser(
@@ -100,7 +100,7 @@ def add_commands(commands: Any) -> None:
     evaluate.add_argument("--workers", type=int, default=0, help="worker processes (0: one per CPU)")
     evaluate.add_argument("--out", type=Path, default=Path("out/evaluate"), help="folder for JSON and plot")
     evaluate.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    _add_drain_underused(evaluate)
+    add_drain_underused(evaluate)
     evaluate.add_argument(
         "--against",
         type=Path,
@@ -116,7 +116,8 @@ def add_commands(commands: Any) -> None:
     evaluate.set_defaults(run=_evaluate)
 
 
-def _add_drain_underused(parser: argparse.ArgumentParser) -> None:
+def add_drain_underused(parser: argparse.ArgumentParser) -> None:
+    """`--drain-underused` / `--no-drain-underused`, on by default: the placement protocol's ground."""
     parser.add_argument(
         "--drain-underused",
         action=argparse.BooleanOptionalAction,

@@ -27,6 +27,13 @@ KEEPALIVES = ("knative", "fixed:10", "hybrid", "prewarm", "prewarm:nopull")
 MODES = ("cluster", "keepalive")
 
 
+# The flag of `kdrl simulate` and the prewarm benches for `Options.drain_underused`.
+DRAIN_UNDERUSED_HELP = (
+    "cluster mode: the cluster autoscaler also drains nodes under half allocated, as the real one "
+    "does and `kdrl evaluate` assumes (off: only empty nodes go, docs/prewarm.md's ground)"
+)
+
+
 @dataclass(frozen=True)
 class Options:
     trace: Path = BUNDLED_TRACE

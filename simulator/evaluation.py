@@ -140,8 +140,13 @@ def run_job(args: tuple[Path, Case, str, Path]) -> tuple[Case, str, dict[str, An
     return case, name, run(trace, case, placement(name, seed=case.seed, model=model))
 
 
+def grounds(clusters: Iterable[str], shifted: Iterable[tuple[str, float]]) -> list[tuple[str, float]]:
+    """The (cluster, arrival scale) grounds: each cluster as it is, then the shifted ones."""
+    return [(cluster, 1.0) for cluster in clusters] + [(cluster, scale) for cluster, scale in shifted]
+
+
 def protocol_cases(
-    grounds: Sequence[tuple[str, float]],
+    run_on: Sequence[tuple[str, float]],
     seeds: Sequence[int],
     functions: int | None,
     minutes: tuple[int, int],
@@ -160,7 +165,7 @@ def protocol_cases(
             scale,
             drain_underused,
         )
-        for cluster, scale in grounds
+        for cluster, scale in run_on
         for seed in seeds
     ]
 
@@ -186,8 +191,8 @@ def evaluate(
     also drains nodes under half allocated (off: only empty nodes go; docs/simulator-fidelity.md)."""
     weights = weights or ObjectiveWeights()
     names = list(dict.fromkeys([*policies, *BASELINES]))
-    grounds = [(c, 1.0) for c in clusters] + [(c, scale) for c, scale in shifted]
-    cases = protocol_cases(grounds, seeds, functions, minutes, population, drain_underused)
+    run_on = grounds(clusters, shifted)
+    cases = protocol_cases(run_on, seeds, functions, minutes, population, drain_underused)
     jobs = [(trace_path, case, name, model) for case in cases for name in names]
     runs: dict[tuple[Case, str], dict[str, Any]] = {}
     with ProcessPoolExecutor(max_workers=min(workers or os.cpu_count() or 1, len(jobs))) as pool:
@@ -205,7 +210,7 @@ def evaluate(
             "minutes": list(minutes),
             "seeds": list(seeds),
             "functions": {
-                c: (functions if functions is not None else DEFAULT_FUNCTIONS.get(c)) for c, _ in grounds
+                c: (functions if functions is not None else DEFAULT_FUNCTIONS.get(c)) for c, _ in run_on
             },
             "shifted": [{"cluster": c, "arrival_scale": scale} for c, scale in shifted],
             "population": population or "all",
@@ -327,8 +332,8 @@ def gate(
     composite is within `COMPOSITE_MARGIN` of the current one's and not significantly worse,
     and the same holds for critical and high SLA violations (within `SLA_MARGIN_PCT` points)."""
     weights = weights or ObjectiveWeights()
-    grounds = [(c, 1.0) for c in clusters] + [(c, scale) for c, scale in shifted]
-    cases = protocol_cases(grounds, seeds, functions, minutes, None, drain_underused)
+    run_on = grounds(clusters, shifted)
+    cases = protocol_cases(run_on, seeds, functions, minutes, None, drain_underused)
     jobs = [
         (trace_path, case, label, model)
         for case in cases
@@ -356,7 +361,7 @@ def gate(
         "new": new.name,
         "current": current.name,
         "cases": len(cases),
-        "grounds": [f"{c}" if scale == 1.0 else f"{c} x{scale:g}" for c, scale in grounds],
+        "grounds": [f"{c}" if scale == 1.0 else f"{c} x{scale:g}" for c, scale in run_on],
         "seeds": list(seeds),
         "drain_underused": drain_underused,
         "checks": checks,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from policies.residual import ResidualBase
+from simulator.evaluation import DRAIN_UNDERUSED
 
 # Which seconds pods wait for room the reward's QoS term counts: none, all, or those a
 # placement can cause (`engine.Meters.weighted_scale_up_wait_s`).
@@ -72,7 +73,7 @@ class Args:
     max_arrival_scale: float = 1.0
     # episodes where the cluster autoscaler also drains nodes under half allocated, the
     # evaluation's ground (`evaluation.DRAIN_UNDERUSED`); off: only empty nodes go
-    drain_underused: bool = True
+    drain_underused: bool = DRAIN_UNDERUSED
     device: str = "auto"  # auto: CUDA when present
     export_onnx: bool = True
 
