@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from bench.simulator import REPOSITORY
 from policies.types import Priority
@@ -90,6 +91,7 @@ def measure(
                     "p75_cold_pct_prewarmable": round(float(np.percentile(pct[members & eligible], 75)), 3),
                     "p75_cold_pct_first_calls_out": first_calls_out["cold_start_pct_p75"],
                     "p75_cold_pct_first_calls_out_weighted": first_calls_out["cold_start_pct_p75_weighted"],
+                    "p75_weighted_set_by": weighted_p75_setter(per_function, cold, members),
                     "wasted_memory_norm": entry["wasted_memory_norm"],  # the whole cluster
                     "paid_wasted_memory_norm": entry["paid_wasted_memory_norm"],
                     "cold_latency_p50_s": entry["cold_start_latency_p50_s"],
@@ -104,6 +106,29 @@ def measure(
                 }
             )
     return {"seed": seed, "warmup_minutes": warmup_minutes, "rows": rows}
+
+
+def weighted_p75_setter(
+    per_function: dict[str, Any], cold: npt.NDArray[np.int64], members: npt.NDArray[np.bool_]
+) -> dict[str, Any] | None:
+    """The function whose cold-start % is `members`' weighted p75, and what it is: with the
+    sampler's weights a few rarely called functions can carry most of a population's weight."""
+    rows = np.flatnonzero(members)
+    invocations = np.asarray(per_function["invocations"])[rows]
+    weights = np.asarray(per_function["weights"], dtype=np.float64)[rows]
+    at = report.weighted_percentile_index(100.0 * cold[rows] / invocations, weights, 75)
+    if at is None:
+        return None
+    row = int(rows[at])
+    return {
+        "function": per_function["func_ids"][row],
+        "calls": int(invocations[at]),
+        "cold": int(cold[row]),
+        "weight_share": round(float(weights[at] / weights.sum()), 3),
+        "memory_mb": per_function["memory_mb"][row],
+        "gpus": per_function["gpus"][row],
+        "priority": per_function["priorities"][row],
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:

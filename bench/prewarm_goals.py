@@ -19,7 +19,9 @@ those rows are skipped with a message). The goals, against the same selection:
 Beside the goals, diagnostics: cold requests, the cold p99 without each function's first start
 of the run (no node holds its image then: every cache starts empty), and the p75 ratios with
 each function's first call of the trace left out where it is counted (no policy has history
-before it).
+before it). Under the table, for each weighted goal missed, the function whose cold-start % is
+the planner's and the hybrid's p75: with the sampler's weights one function can carry most of
+a population's weight.
 
 The default `--unseen` seeds are the shared-trace selections docs/prewarm.md reports; seed 13
 chose the planner's size exponent, so it is not among them.
@@ -90,6 +92,40 @@ def verdicts(rows: Sequence[Row]) -> Row:
     return out
 
 
+def weighted_setters(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
+    """For each weighted p75 goal, the function that sets the planner's and the hybrid's p75."""
+    by = {(r["keepalive"], r["population"]): r["p75_weighted_set_by"] for r in rows}
+    return {
+        f"{population} (weighted)": {k: by[(k, population)] for k in ("prewarm", "hybrid")}
+        for population in traces.POPULATIONS
+    }
+
+
+def setters_text(results: Sequence[tuple[str, Row, dict[str, dict[str, Any]]]]) -> str:
+    """Where a weighted goal is missed, what sets it: one function, its calls and cold ones
+    under each policy, its share of the population's weight, size and priority."""
+
+    def described(setter: dict[str, Any] | None) -> str:
+        if setter is None:
+            return "none"
+        gpu = f", {setter['gpus']} GPU" if setter["gpus"] else ""
+        return (
+            f"{setter['function']} ({setter['cold']} of {setter['calls']} calls cold, "
+            f"{100 * setter['weight_share']:.0f} % of the weight, {setter['memory_mb']} MiB{gpu}, "
+            f"{setter['priority']})"
+        )
+
+    lines = []
+    for name, row, setters in results:
+        for goal, by in setters.items():
+            if not GOALS[goal](row[goal]):
+                lines.append(
+                    f"- {name}, {goal}: the planner's set by {described(by['prewarm'])}; "
+                    f"the hybrid's by {described(by['hybrid'])}"
+                )
+    return "\n".join(lines)
+
+
 GOALS: dict[str, Callable[[float], bool]] = {
     "heavy": lambda r: r <= P75_RATIO,
     "light": lambda r: r <= P75_RATIO,
@@ -152,13 +188,16 @@ def main() -> None:
             drain_underused=args.drain_underused,
             **kwargs,
         )
-        results.append((name, verdicts(measured["rows"])))
+        results.append((name, verdicts(measured["rows"]), weighted_setters(measured["rows"])))
         # Each selection as it finishes, so a run cut short keeps what it measured.
         print(f"{name}: {json.dumps(results[-1][1])}", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps([{"selection": n, **r} for n, r in results], indent=2))
+        entries = [{"selection": n, **r, "weighted p75 set by": w} for n, r, w in results]
+        print(json.dumps(entries, indent=2))
     else:
-        print(table(results))
+        print(table([(n, r) for n, r, _ in results]))
+        print("\nWhat sets each weighted p75 the planner misses:\n")
+        print(setters_text(results))
 
 
 if __name__ == "__main__":

@@ -134,6 +134,8 @@ def compare(options: Options, *, progress: Callable[[str], None] = lambda _: Non
         "invocations": invocations.tolist(),
         "first_call_counted": first_call_counted.tolist(),
         "weights": trace.weights.tolist(),
+        "memory_mb": [spec.memory_bytes >> 20 for spec in specs],
+        "gpus": [spec.gpu for spec in specs],
         "cold_starts": {
             f"{r['placement']} x {r['keepalive']}": r.pop("cold_starts_per_function") for r in results
         },

@@ -59,13 +59,20 @@ def cell(value: Any) -> str:
 
 def weighted_percentile(values: FloatArray, weights: FloatArray, q: float) -> float | None:
     """The q-th percentile of `values` with `weights` (None when no weight at all)."""
-    keep = weights > 0
-    if not keep.any():
+    at = weighted_percentile_index(values, weights, q)
+    return None if at is None else float(values[at])
+
+
+def weighted_percentile_index(values: FloatArray, weights: FloatArray, q: float) -> int | None:
+    """Which of `values` is their q-th percentile with `weights` (None when no weight at all):
+    with a few heavy weights, one entry can set it."""
+    kept = np.flatnonzero(weights > 0)
+    if not kept.size:
         return None
-    order = np.argsort(values[keep], kind="stable")
-    cumulative = np.cumsum(weights[keep][order])
+    order = kept[np.argsort(values[kept], kind="stable")]
+    cumulative = np.cumsum(weights[order])
     index = int(np.searchsorted(cumulative, q / 100.0 * cumulative[-1], side="left"))
-    return float(values[keep][order][min(index, order.size - 1)])
+    return int(order[min(index, order.size - 1)])
 
 
 def weighted_mean(values: FloatArray, weights: FloatArray) -> float | None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bench import prewarm_goals
-from bench.prewarm_goals import GOALS, ratio, selections, table, verdicts
+from bench.prewarm import weighted_p75_setter
+from bench.prewarm_goals import GOALS, ratio, selections, setters_text, table, verdicts, weighted_setters
+from simulator import report
 
 
 def rows(**overrides: dict[str, float]) -> list[dict[str, Any]]:
@@ -44,9 +47,22 @@ def rows(**overrides: dict[str, float]) -> list[dict[str, Any]]:
                     "cost_usd": v["cost"],
                     "energy_kwh": v["energy"],
                     "cold_requests": 1000,
+                    "p75_weighted_set_by": setter(f"{keepalive}-{population}"),
                 }
             )
     return out
+
+
+def setter(function: str) -> dict[str, Any]:
+    return {
+        "function": function,
+        "calls": 3,
+        "cold": 2,
+        "weight_share": 0.25,
+        "memory_mb": 2048,
+        "gpus": 0,
+        "priority": "low",
+    }
 
 
 def test_a_selection_that_meets_every_goal() -> None:
@@ -105,3 +121,49 @@ def test_shared_selections_are_skipped_with_a_message_without_the_trace(
     assert present == [
         ("shared, seed 9", {"seed": 9, "trace": tmp_path, "functions": prewarm_goals.SELECTED_FUNCTIONS})
     ]
+
+
+def test_the_weighted_percentile_names_the_entry_that_sets_it() -> None:
+    values = np.array([80.0, 5.0, 100.0, 20.0])
+    # 100 carries most of the weight, so it is the p75; the zero-weight 80 never counts.
+    weights = np.array([0.0, 1.0, 10.0, 1.0])
+    assert report.weighted_percentile_index(values, weights, 75) == 2
+    assert report.weighted_percentile(values, weights, 75) == 100.0
+    even = np.array([1.0, 1.0, 1.0, 1.0])
+    assert report.weighted_percentile_index(values, even, 50) == 3  # 5, 20 | 80, 100
+    assert report.weighted_percentile(values, even, 50) == 20.0
+    assert report.weighted_percentile_index(values, np.zeros(4), 75) is None
+
+
+def test_the_setter_is_the_function_at_the_populations_weighted_p75() -> None:
+    per_function = {
+        "func_ids": ["busy", "rare", "other-population", "never-called"],
+        "invocations": [100, 3, 10, 0],
+        "weights": [1.0, 9.0, 50.0, 40.0],
+        "memory_mb": [128, 2048, 256, 512],
+        "gpus": [0, 1, 0, 0],
+        "priorities": ["normal", "critical", "low", "low"],
+    }
+    cold = np.array([1, 3, 10, 0])
+    members = np.array([True, True, False, False])  # one population, with calls
+    assert weighted_p75_setter(per_function, cold, members) == {
+        "function": "rare",
+        "calls": 3,
+        "cold": 3,
+        "weight_share": 0.9,
+        "memory_mb": 2048,
+        "gpus": 1,
+        "priority": "critical",
+    }
+    assert weighted_p75_setter(per_function, cold, np.zeros(4, dtype=bool)) is None
+
+
+def test_what_sets_a_missed_weighted_goal_is_named() -> None:
+    missed = rows(prewarm={"weighted": 40.0})  # both weighted goals: 40 / 60
+    results = [(name, verdicts(r), weighted_setters(r)) for name, r in (("a", rows()), ("b", missed))]
+    text = setters_text(results)
+    assert "- a," not in text  # met: nothing to explain
+    assert text.count("- b, ") == 2
+    named = "- b, heavy (weighted): the planner's set by prewarm-heavy (2 of 3 calls cold, 25 % of the weight"
+    assert named in text
+    assert "the hybrid's by hybrid-light" in text
