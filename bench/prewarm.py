@@ -91,7 +91,7 @@ def measure(
                     "p75_cold_pct_prewarmable": round(float(np.percentile(pct[members & eligible], 75)), 3),
                     "p75_cold_pct_first_calls_out": first_calls_out["cold_start_pct_p75"],
                     "p75_cold_pct_first_calls_out_weighted": first_calls_out["cold_start_pct_p75_weighted"],
-                    "p75_weighted_set_by": weighted_p75_setter(per_function, cold, members),
+                    "p75_weighted_set_by": weighted_p75_setter(per_function, members, pct, weights, cold),
                     "wasted_memory_norm": entry["wasted_memory_norm"],  # the whole cluster
                     "paid_wasted_memory_norm": entry["paid_wasted_memory_norm"],
                     "cold_latency_p50_s": entry["cold_start_latency_p50_s"],
@@ -109,22 +109,24 @@ def measure(
 
 
 def weighted_p75_setter(
-    per_function: dict[str, Any], cold: npt.NDArray[np.int64], members: npt.NDArray[np.bool_]
+    per_function: dict[str, Any],
+    members: npt.NDArray[np.bool_],
+    pct: npt.NDArray[np.float64],
+    weights: npt.NDArray[np.float64],
+    cold: npt.NDArray[np.int64],
 ) -> dict[str, Any] | None:
-    """The function whose cold-start % is `members`' weighted p75, and what it is: with the
-    sampler's weights a few rarely called functions can carry most of a population's weight."""
+    """The function whose cold-start % (`pct`) is `members`' weighted p75, and what it is: with
+    the sampler's weights a few rarely called functions can carry most of a population's weight."""
     rows = np.flatnonzero(members)
-    invocations = np.asarray(per_function["invocations"])[rows]
-    weights = np.asarray(per_function["weights"], dtype=np.float64)[rows]
-    at = report.weighted_percentile_index(100.0 * cold[rows] / invocations, weights, 75)
+    at = report.weighted_percentile_index(pct[rows], weights[rows], 75)
     if at is None:
         return None
     row = int(rows[at])
     return {
         "function": per_function["func_ids"][row],
-        "calls": int(invocations[at]),
+        "calls": per_function["invocations"][row],
         "cold": int(cold[row]),
-        "weight_share": round(float(weights[at] / weights.sum()), 3),
+        "weight_share": round(float(weights[row] / weights[rows].sum()), 3),
         "memory_mb": per_function["memory_mb"][row],
         "gpus": per_function["gpus"][row],
         "priority": per_function["priorities"][row],

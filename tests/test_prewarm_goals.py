@@ -145,8 +145,10 @@ def test_the_setter_is_the_function_at_the_populations_weighted_p75() -> None:
         "priorities": ["normal", "critical", "low", "low"],
     }
     cold = np.array([1, 3, 10, 0])
+    pct = 100.0 * cold / np.maximum(per_function["invocations"], 1)
+    weights = np.asarray(per_function["weights"])
     members = np.array([True, True, False, False])  # one population, with calls
-    assert weighted_p75_setter(per_function, cold, members) == {
+    assert weighted_p75_setter(per_function, members, pct, weights, cold) == {
         "function": "rare",
         "calls": 3,
         "cold": 3,
@@ -155,7 +157,7 @@ def test_the_setter_is_the_function_at_the_populations_weighted_p75() -> None:
         "gpus": 1,
         "priority": "critical",
     }
-    assert weighted_p75_setter(per_function, cold, np.zeros(4, dtype=bool)) is None
+    assert weighted_p75_setter(per_function, np.zeros(4, dtype=bool), pct, weights, cold) is None
 
 
 def test_what_sets_a_missed_weighted_goal_is_named() -> None:
