@@ -4,7 +4,8 @@ Pure: no clock (the caller passes `now_minute`), no I/O. For each function it we
 expected benefit of a warm replica until the next plan, P(invoked within the lookahead) x the
 cold start it avoids x its priority's value (`batch` the least: it gets what the others leave),
 against its cost: idle memory-time at idle power, plus the node's price unless it fits free
-memory (and, for a GPU function, a free GPU) on nodes that stay up anyway. One memory budget
+memory (and, for a GPU function, a free GPU) on nodes that stay up anyway, and a whole node's
+price where the function's own pods are what keep their nodes up. One memory budget
 serves all functions, counted in the memory each replica is expected to leave idle (the goal's
 unit: a replica of a function that is nearly always busy wastes little) and spent highest benefit
 per expected idle byte first, smaller functions favoured so that the bytes keep as many functions
@@ -31,7 +32,7 @@ from forecaster import idletimes
 from forecaster.forecasting import Forecast
 from policies import ranking
 from policies.placement import PlacementPolicy
-from policies.types import NodeTable, PodRequest, Priority
+from policies.types import IntArray, NodeTable, PodRequest, Priority
 
 GiB = float(1 << 30)
 
@@ -201,12 +202,16 @@ def plan(
     free = free_memory(nodes, config.scale_down_utilization)
     free_gpus = free_gpu(nodes, config.scale_down_utilization)
     gpu_price_per_s = _gpu_price_per_s(nodes, config) if any(s.pod.gpu for _, s in candidates) else 0.0
+    kept_up = nodes_kept_up(nodes, states, config.scale_down_utilization)
     warm, spent, spent_gpus, charged = [], 0, 0, 0.0
     for entry, state in candidates:
         need, need_gpus = entry.replicas * state.memory_bytes, entry.replicas * state.pod.gpu
         paid_memory = spent + need > free
         paid_gpus = need_gpus if spent_gpus + need_gpus > free_gpus else 0
         cost = _cost(entry.reason.probability, need, paid_memory, paid_gpus, gpu_price_per_s, config)
+        if state.function in kept_up:  # its pods alone keep their nodes from scaling down
+            cost = max(cost, _idle_s(entry.reason.probability, config) * kept_up[state.function])
+            paid_memory = True
         if entry.reason.benefit_usd <= cost:
             skipped.append((entry.function, "cost exceeds benefit"))
         elif spent + need > budget.warm_memory_bytes or charged >= target:
@@ -257,12 +262,50 @@ def free_gpu(nodes: NodeTable, scale_down_utilization: float) -> int:
     return int(np.clip(nodes.gpu_allocatable - nodes.gpu_requested, 0, None)[stays].sum())
 
 
-def _staying(nodes: NodeTable, scale_down_utilization: float) -> npt.NDArray[np.bool_]:
+def nodes_kept_up(
+    nodes: NodeTable, states: Mapping[str, FunctionState], scale_down_utilization: float
+) -> dict[str, float]:
+    """function -> the price per second of the cheapest node its pods keep up, for each function
+    whose pods are all on nodes that run no other function's pods, stay up with them and would
+    scale down without them (the scale-down rule as `free_memory` reads it): holding such a
+    function warm holds a whole node. A node that other functions share is left out: under a
+    utilization threshold, draining it moves their pods too, so it is not this function's alone
+    to pay for."""
+    row_of = np.full(nodes.cluster.size, -1, dtype=np.int64)
+    row_of[nodes.origin] = np.arange(len(nodes))
+    price_per_s = nodes.cluster.economics.price_per_hour / 3600.0
+    kept_up: dict[str, float] = {}
+    for function, (origins, pods) in nodes.cluster.function_index.items():
+        state, rows = states.get(function), row_of[origins]
+        shared = any(len(nodes.cluster.function_pods[o]) > 1 for o in origins)
+        if state is None or shared or (rows < 0).any():
+            continue
+        without = _staying(
+            nodes,
+            scale_down_utilization,
+            rows,
+            cpu_less=pods * state.pod.cpu_milli,
+            memory_less=pods * state.pod.memory_bytes,
+        )
+        if (_staying(nodes, scale_down_utilization, rows) & ~without).all():
+            kept_up[function] = float(price_per_s[origins].min())
+    return kept_up
+
+
+def _staying(
+    nodes: NodeTable,
+    scale_down_utilization: float,
+    rows: IntArray | slice = slice(None),
+    *,
+    cpu_less: IntArray | int = 0,
+    memory_less: IntArray | int = 0,
+) -> npt.NDArray[np.bool_]:
+    """Which of `rows` stay up, their requests less `cpu_less` and `memory_less`."""
     share = np.maximum(
-        nodes.cpu_requested / np.maximum(nodes.cpu_allocatable, 1),
-        nodes.memory_requested / np.maximum(nodes.memory_allocatable, 1),
+        (nodes.cpu_requested[rows] - cpu_less) / np.maximum(nodes.cpu_allocatable[rows], 1),
+        (nodes.memory_requested[rows] - memory_less) / np.maximum(nodes.memory_allocatable[rows], 1),
     )
-    return np.asarray((share > scale_down_utilization) & ~nodes.unschedulable, dtype=np.bool_)
+    return np.asarray((share > scale_down_utilization) & ~nodes.unschedulable[rows], dtype=np.bool_)
 
 
 def _gpu_price_per_s(nodes: NodeTable, config: PlannerSettings) -> float:
@@ -327,9 +370,14 @@ def _cost(
     free) until the next plan: they sit idle unless invoked (a conservative proxy: an invoked
     replica counts as busy all that time), at idle power, plus the node's price where they would
     keep a node up (`paid_memory`)."""
-    idle_s = config.lookahead_minutes * 60 * (1.0 - min(probability, 1.0))
+    idle_s = _idle_s(probability, config)
     price = config.idle_power_price_per_gib_s + (config.memory_price_per_gib_s if paid_memory else 0.0)
     return idle_s * (need_bytes / GiB * price + paid_gpus * gpu_price_per_s)
+
+
+def _idle_s(probability: float, config: PlannerSettings) -> float:
+    """The seconds a replica is expected to sit idle until the next plan (invoked: busy)."""
+    return config.lookahead_minutes * 60 * (1.0 - min(probability, 1.0))
 
 
 def _pulls(

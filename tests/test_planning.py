@@ -19,6 +19,7 @@ from prewarm.planning import (
     free_gpu,
     free_memory,
     hybrid_idle_memory,
+    nodes_kept_up,
     plan,
     plan_json,
 )
@@ -301,6 +302,88 @@ def test_free_memory_on_nodes_that_stay_up_costs_only_power() -> None:
     assert [w.reason.paid for w in result.warm] == [False, False, False, False, True]
     unpaid, paid = result.warm[3].reason, result.warm[4].reason
     assert paid.cost_usd > 10 * unpaid.cost_usd
+
+
+def kept_up_cluster(lone_pods_on_shared: int = 0) -> NodeTable:
+    """`alone` ($2/h) runs one pod of ns/lone and nothing else; `shared` runs ns/other's pod (and
+    `lone_pods_on_shared` of ns/lone's) beside 6 GiB of other requests: it stays up anyway."""
+    half = GiB // 2
+    shared_pods = {"ns/other": 1} | ({"ns/lone": lone_pods_on_shared} if lone_pods_on_shared else {})
+    return NodeTable.from_nodes(
+        [
+            Node(
+                name="alone",
+                cpu_allocatable=4000,
+                memory_allocatable=8 * GiB,
+                cpu_requested=250,
+                memory_requested=half,
+                labels={"kdrl.dev/hourly-price": "2"},
+                function_pods={"ns/lone": 1},
+            ),
+            Node(
+                name="shared",
+                cpu_allocatable=4000,
+                memory_allocatable=8 * GiB,
+                cpu_requested=250 * len(shared_pods),
+                memory_requested=6 * GiB + half * len(shared_pods),
+                labels={"kdrl.dev/hourly-price": "2"},
+                function_pods=shared_pods,
+            ),
+        ]
+    )
+
+
+def test_a_function_whose_pods_alone_keep_a_node_up_is_charged_the_whole_node() -> None:
+    states = {f: state(f) for f in ("ns/lone", "ns/other")}
+    # Only empty nodes go (the simulator's rule): `alone` goes without its one pod.
+    assert nodes_kept_up(kept_up_cluster(), states, 0.0) == {"ns/lone": pytest.approx(2 / 3600)}
+    # Nodes under half allocated go (the cluster autoscaler's): `alone` goes with or without the
+    # pod, which would be moved, so it keeps no node up.
+    assert nodes_kept_up(kept_up_cluster(), states, 0.5) == {}
+    # With a pod on a node that stays anyway, Knative can keep that one: no node is charged.
+    assert nodes_kept_up(kept_up_cluster(lone_pods_on_shared=1), states, 0.0) == {}
+
+
+def test_under_a_utilization_threshold_only_a_node_one_function_fills_is_its_to_pay() -> None:
+    def fn(name: str, gib: int) -> FunctionState:
+        return state(
+            name, memory_bytes=gib * GiB, pod=dataclasses.replace(state(name).pod, memory_bytes=gib * GiB)
+        )
+
+    states = {"ns/big": fn("ns/big", 5), "ns/a": fn("ns/a", 3), "ns/b": fn("ns/b", 2)}
+    node = {"cpu_allocatable": 4000, "memory_allocatable": 8 * GiB}
+    nodes = NodeTable.from_nodes(
+        [
+            # 5 of 8 GiB: above the threshold with its pod, empty without it.
+            Node(name="filled", memory_requested=5 * GiB, function_pods={"ns/big": 1}, **node),  # type: ignore[arg-type]
+            # 5 of 8 GiB in two functions: without ns/a it would drain, but ns/b's pod moves too.
+            Node(name="shared", memory_requested=5 * GiB, function_pods={"ns/a": 1, "ns/b": 1}, **node),  # type: ignore[arg-type]
+        ]
+    )
+    assert set(nodes_kept_up(nodes, states, 0.5)) == {"ns/big"}
+
+
+@pytest.mark.parametrize(("priority", "warmed"), [(Priority.NORMAL, False), (Priority.CRITICAL, True)])
+def test_keeping_a_lone_pod_warm_pays_its_node_unless_the_call_is_worth_it(
+    priority: Priority, warmed: bool
+) -> None:
+    states = {"ns/lone": state("ns/lone", priority), "ns/other": state("ns/other")}
+    forecasts = {f: forecast(f, probability=0.8) for f in states}
+    settings = PlannerSettings(hybrid_memory_share=None, scale_down_utilization=0.0)
+    result = plan(
+        NOW, forecasts, states, kept_up_cluster(), PLENTY, policy=heuristics.kube_default(), settings=settings
+    )
+    # Holding ns/lone holds `alone` at $2/h for the fifth of three minutes it idles ($0.02):
+    # worth it to a critical function (0.8 x 8 s x $0.01 = $0.064), not to a normal one
+    # ($0.0064). ns/other's pod is on a node that stays up anyway: power only.
+    by_function = {w.function: w.reason for w in result.warm}
+    assert not by_function["ns/other"].paid
+    assert ("ns/lone" in by_function) is warmed
+    if warmed:
+        assert by_function["ns/lone"].paid
+        assert by_function["ns/lone"].cost_usd == pytest.approx(0.02)
+    else:
+        assert ("ns/lone", "cost exceeds benefit") in result.skipped
 
 
 @pytest.mark.parametrize(
