@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,6 +34,7 @@ from bench.forecaster import END, _counts
 from forecaster import phase
 from forecaster.forecasting import Forecaster
 from plugin.cluster import ClusterCache
+from plugin.convert import SERVICE_LABEL
 from policies import heuristics
 from policies.types import NodeTable, PodRequest, Priority
 from prewarm.planning import Budget, FunctionState, PlannerSettings, plan
@@ -67,9 +70,14 @@ def states(names: list[str], seed: int = 0) -> dict[str, FunctionState]:
     return out
 
 
-def cluster(nodes: int) -> NodeTable:
-    objects = synthetic.cluster(nodes, seed=nodes)
-    return ClusterCache.from_objects(*objects).snapshot.nodes
+def cluster(nodes: int, functions: Sequence[str]) -> NodeTable:
+    """`bench.synthetic`'s cluster, each of its pods given to the next of `functions` in turn, so
+    that the allocation weighs the planned functions' own pods (which of them alone keep a node
+    up), as it would in a cluster that runs them."""
+    node_objects, pods = synthetic.cluster(nodes, seed=nodes)
+    for pod, function in zip(pods, itertools.cycle(functions), strict=False):
+        pod["metadata"]["namespace"], pod["metadata"]["labels"][SERVICE_LABEL] = function.split("/", 1)
+    return ClusterCache.from_objects(node_objects, pods).snapshot.nodes
 
 
 def cycle(functions: int, nodes: int, repeats: int) -> dict[str, Any]:
@@ -81,7 +89,8 @@ def cycle(functions: int, nodes: int, repeats: int) -> dict[str, Any]:
         started = time.perf_counter()
         forecasts = forecaster.forecast(END, horizon=30)
         forecast_s.append(time.perf_counter() - started)
-    table, known = cluster(nodes), states(sorted(forecasts))
+    names = sorted(forecasts)
+    table, known = cluster(nodes, names), states(names)
     allocation_s, warm = [], 0
     budget, settings = Budget(warm_memory_bytes=64 * GiB, pulls_per_minute=20), PlannerSettings()
     earlier = {

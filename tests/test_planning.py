@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from bench import planner as planner_bench
 from forecaster.forecasting import Forecast
 from policies import heuristics
 from policies.types import Node, NodeTable, PodRequest, Priority
@@ -436,3 +437,12 @@ def test_the_cold_start_priced_is_the_median_of_those_observed_and_the_default_b
     assert cold_start_estimate(()) == DEFAULT_COLD_START_S
     # One pod that waited a minute for a node moves the estimate little; a mean would be 14.6 s.
     assert cold_start_estimate([3.0, 4.0, 60.0, 2.5, 3.5]) == 3.5
+
+
+def test_the_planner_benchs_cluster_runs_the_planned_functions_pods() -> None:
+    # `python -m bench.planner` times the allocation; it must weigh the planned functions' own
+    # pods (`nodes_kept_up`), not pods of functions it never plans for.
+    names = [f"ns/f{i}" for i in range(50)]
+    table = planner_bench.cluster(8, names)
+    running = set(table.cluster.function_index)
+    assert running and running <= set(names)
