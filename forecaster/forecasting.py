@@ -398,10 +398,16 @@ class Forecaster:
         return choice
 
     def forecast(
-        self, end_minute: int, horizon: int = 30, *, engine: Engine | None = None
+        self,
+        end_minute: int,
+        horizon: int = 30,
+        *,
+        functions: Sequence[str] | None = None,
+        engine: Engine | None = None,
     ) -> dict[str, Forecast]:
-        """Forecasts for minutes [end_minute, end_minute + horizon) of every function, a chunk
-        at a time, every chunk's idle times shrunk towards the pool of all of them."""
+        """Forecasts for minutes [end_minute, end_minute + horizon) of every function (only
+        `functions`, when given), a chunk at a time, every chunk's idle times shrunk towards the
+        pool of all of them."""
         pooled = np.zeros(idletimes.BINS)
         for chunk in self.chunks(end_minute):
             for series in chunk.values():
@@ -409,7 +415,7 @@ class Forecaster:
         prior = idletimes.pooled_hazard(pooled)
         tasks = (
             ForecastTask(chunk, end_minute, horizon, prior, self.choice.of(chunk), self.training_minutes)
-            for chunk in self.chunks(end_minute)
+            for chunk in self.chunks(end_minute, functions)
         )
         out: dict[str, Forecast] = {}
         for forecasts in (engine or self.engine).map(forecast_chunk, tasks):

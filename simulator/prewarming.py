@@ -3,11 +3,14 @@
 The service forecasts every minute; statsforecast takes ~0.6 s for a few hundred functions, so
 a simulated day forecasts every `ForecastSchedule.every` minutes instead (online: each block is
 forecast from the minutes before it alone, models re-chosen by backtest every few hours) and
-shared by every run on the same trace. Each minute the planner sees the latest block moved on
-to that minute (`Forecast.later`) with the idle-time answer of that very minute (each function's
-idle-time counts kept online, shrunk towards their pool: `idletimes`), the cluster's
-nodes as the extender sees them, and plans exactly as `kdrl serve` does; the engine applies the
-plan as the actuators would: `min-scale` per function, and pre-pulls into its image model.
+shared by every run on the same trace. A function first invoked between blocks (from the
+first on) is forecast alone the minute after, as the service's next cycle would (it is in the
+service's history by then), so the planner weighs it from then on, not from the next block.
+Each minute the planner sees the latest forecast moved on to that minute (`Forecast.later`)
+with the idle-time answer of that very minute (each function's idle-time counts kept online,
+shrunk towards their pool: `idletimes`), the cluster's nodes as the extender sees them, and
+plans exactly as `kdrl serve` does; the engine applies the plan as the actuators would:
+`min-scale` per function, and pre-pulls into its image model.
 """
 
 from __future__ import annotations
@@ -35,34 +38,54 @@ HORIZON_MINUTES = 30
 
 @dataclass(frozen=True)
 class ForecastSchedule:
-    """Forecasts made online over a trace: block i at minute i x `every`, from earlier minutes."""
+    """Forecasts made online over a trace: block i at minute i x `every`, from earlier minutes;
+    `newcomers`, each function first invoked between two blocks, forecast alone the minute after
+    its first invocation (the next block has it too)."""
 
     every: int
     blocks: tuple[Mapping[str, Forecast], ...]
+    newcomers: Mapping[str, Forecast] = field(default_factory=dict)
 
     def at(self, minute: int) -> tuple[int, Mapping[str, Forecast]]:
         """The latest block made at or before `minute`, and how many minutes old it is."""
         block = min(minute // self.every, len(self.blocks) - 1)
         return minute - block * self.every, self.blocks[block]
 
+    def newcomer(self, function: str, minute: int) -> Forecast | None:
+        """`function`'s forecast of the minute after its first invocation, if it has one and it
+        was made by `minute`; a block made since has it too, and is the newer."""
+        made = self.newcomers.get(function)
+        return made if made is not None and made.start_minute <= minute else None
+
 
 def forecast_schedule(
     counts: IntArray, functions: Sequence[str], *, every: int = 10, rechoose_every: int = 360
 ) -> ForecastSchedule:
-    """Run the forecaster over the trace as the service would have, every `every` minutes."""
+    """Run the forecaster over the trace as the service would have: every function every
+    `every` minutes from minute `every` on, and a function first invoked in between the minute
+    after."""
     history = MinuteCounts()
     forecaster = Forecaster(history)
     blocks: list[Mapping[str, Forecast]] = []
-    seen = 0
+    newcomers: dict[str, Forecast] = {}
     first_choice = BACKTEST_WINDOWS * HORIZON_MINUTES  # the backtest needs this much history
-    for start in range(0, counts.shape[1], every):
-        for row, minute in zip(*np.nonzero(counts[:, seen:start])):
-            history.add(functions[row], seen + int(minute), int(counts[row, seen + minute]))
-        seen = start
-        if start >= first_choice and (start - first_choice) % rechoose_every == 0:
-            forecaster.choose(start, horizon=HORIZON_MINUTES)
-        blocks.append(forecaster.forecast(start, HORIZON_MINUTES) if start else {})
-    return ForecastSchedule(every=every, blocks=tuple(blocks))
+    for minute in range(counts.shape[1]):
+        invoked = np.flatnonzero(counts[:, minute - 1]) if minute else np.zeros(0, dtype=np.int64)
+        for row in invoked.tolist():
+            history.add(functions[row], minute - 1, int(counts[row, minute - 1]))
+        if minute % every == 0:
+            if minute >= first_choice and (minute - first_choice) % rechoose_every == 0:
+                forecaster.choose(minute, horizon=HORIZON_MINUTES)
+            blocks.append(forecaster.forecast(minute, HORIZON_MINUTES) if minute else {})
+            continue
+        # Until the first block the planner has no forecast of anyone: the simulated service has
+        # not begun, and a function first invoked then starts with the others at that block.
+        started = len(blocks) > 1
+        new = [functions[row] for row in invoked.tolist() if started and functions[row] not in blocks[-1]]
+        new = [function for function in new if function not in newcomers]
+        if new:
+            newcomers.update(forecaster.forecast(minute, HORIZON_MINUTES, functions=new))
+    return ForecastSchedule(every=every, blocks=tuple(blocks), newcomers=newcomers)
 
 
 # The warm-memory budget: a tenth of the cluster's memory at its start; pre-pulls per minute.
@@ -140,18 +163,21 @@ class SimulatedPrewarm:
         by_phase = phase.within_by_phase(window, within)
         classes = idletimes.patterns(self._idle)
         idle_answers, phase_answers = phase.known(within), phase.known(by_phase)
-        age, block = self.schedule.at(minute)
-        forecasts = {
-            name: made.later(
-                age,
+        _, block = self.schedule.at(minute)
+        forecasts = {}
+        for row, name in enumerate(names):
+            made = block.get(name)
+            if made is None:
+                made = self.schedule.newcomer(name, minute)
+            if made is None:  # not invoked yet: the service has no history of it either
+                continue
+            forecasts[name] = made.later(
+                minute - made.start_minute,
                 p_within_idle=idle_answers[row],
                 pattern=classes[row],
                 elapsed_minutes=minute - int(self._last[row]) if self._last[row] >= 0 else None,
                 p_within_phase=phase_answers[row],
             )
-            for row, name in enumerate(names)
-            if (made := block.get(name)) is not None
-        }
         forecasts = self._scores.choose(forecasts, self.settings.lookahead_minutes)
         # `states` are in the workload's order, as the engine's rows are; a copy only where the
         # estimate moved (most minutes, none has).

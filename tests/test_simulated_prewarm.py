@@ -137,3 +137,40 @@ def test_the_simulated_planner_warms_an_hourly_burst_by_its_minute_of_the_hour(
     # The stray calls restart the idle clock: the idle-time answer alone hedges.
     hedged = reason_before_the_burst(monkeypatch, phase_allowed=False)
     assert hedged is not None and hedged.answer == "idle" and hedged.probability < 0.6
+
+
+def test_a_function_first_invoked_between_blocks_is_forecast_the_minute_after() -> None:
+    """The service forecasts every function every minute; the simulator's blocks come every ten,
+    so a function first invoked between them gets its own forecast the minute after."""
+    counts = np.zeros((3, 30), dtype=np.int64)
+    counts[0, :] = 1
+    counts[1, 13] = 4  # first invoked in minute 13, between the blocks of minutes 10 and 20
+    counts[2, 3] = 2  # before the first block: it starts with the others there
+    schedule = prewarming.forecast_schedule(counts, ["steady", "new", "early"], every=10)
+    assert "new" not in schedule.blocks[1] and "new" in schedule.blocks[2]
+    assert schedule.newcomer("new", 13) is None  # not made before the minute after the call
+    made = schedule.newcomer("new", 15)
+    assert made is not None and made.start_minute == 14
+    assert {"steady", "early"} <= set(schedule.blocks[1])
+    assert schedule.newcomer("steady", 9) is None and schedule.newcomer("early", 9) is None
+
+
+def test_the_simulated_planner_weighs_a_new_function_from_the_minute_after_its_first_call() -> None:
+    workload = one_function()
+    function = workload.functions[0].service
+    counts = np.zeros((1, 20), dtype=np.int64)
+    counts[0, 13] = 4
+    cluster = clusterspec.load("small")
+    prewarmer = prewarming.SimulatedPrewarm(
+        schedule=prewarming.forecast_schedule(counts, [function], every=10),
+        states=prewarming.function_states(workload),
+        policy=heuristics.kube_default(),
+        budget=prewarming.budget(cluster),
+        settings=PlannerSettings(scale_down_utilization=0.0, hybrid_memory_share=None),
+    )
+    table, _ = nodes.Nodes(cluster).table(0.0)
+    weighed = []
+    for minute in range(20):
+        planned = prewarmer.plan(minute, counts[:, :minute], table, [[]])
+        weighed.append(bool(planned.warm) or any(name == function for name, _ in planned.skipped))
+    assert weighed.index(True) == 14  # the next block, at minute 20, would have been too late
