@@ -169,7 +169,7 @@ class SimulatedPrewarm:
             made = block.get(name)
             if made is None:
                 made = self.schedule.newcomer(name, minute)
-            if made is None:  # not invoked yet: the service has no history of it either
+            if made is None:  # not invoked yet, or only before the first block: none made
                 continue
             forecasts[name] = made.later(
                 minute - made.start_minute,
