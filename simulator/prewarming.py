@@ -80,11 +80,11 @@ def forecast_schedule(
             continue
         # Until the first block the planner has no forecast of anyone: the simulated service has
         # not begun, and a function first invoked then starts with the others at that block.
-        started = len(blocks) > 1
-        new = [functions[row] for row in invoked.tolist() if started and functions[row] not in blocks[-1]]
-        new = [function for function in new if function not in newcomers]
-        if new:
-            newcomers.update(forecaster.forecast(minute, HORIZON_MINUTES, functions=new))
+        if len(blocks) > 1:
+            names = (functions[row] for row in invoked.tolist())
+            new = [name for name in names if name not in blocks[-1] and name not in newcomers]
+            if new:
+                newcomers.update(forecaster.forecast(minute, HORIZON_MINUTES, functions=new))
     return ForecastSchedule(every=every, blocks=tuple(blocks), newcomers=newcomers)
 
 
