@@ -408,11 +408,13 @@ class Forecaster:
         """Forecasts for minutes [end_minute, end_minute + horizon) of every function (only
         `functions`, when given), a chunk at a time, every chunk's idle times shrunk towards the
         pool of all of them."""
-        pooled = np.zeros(idletimes.BINS)
+        pooled, running = np.zeros(idletimes.BINS), np.zeros(idletimes.BINS)
         for chunk in self.chunks(end_minute):
             for series in chunk.values():
                 pooled += idletimes.counts(idle_minutes(series))
-        prior = idletimes.pooled_hazard(pooled)
+                if (last := _last_invoked(series)) >= 0:
+                    running[min(len(series) - last, idletimes.BINS - 1)] += 1.0
+        prior = idletimes.pooled_hazard(pooled, running)
         tasks = (
             ForecastTask(chunk, end_minute, horizon, prior, self.choice.of(chunk), self.training_minutes)
             for chunk in self.chunks(end_minute, functions)
@@ -464,10 +466,10 @@ def idle_answers(
     if not functions:
         return {}
     own = np.stack([idletimes.counts(gaps[f]) for f in functions])
-    if prior is None:
-        prior = idletimes.pooled_hazard(own.sum(axis=0))
     last = np.array([_last_invoked(histories[f]) for f in functions], dtype=np.int64)
     elapsed = np.array([len(histories[f]) for f in functions], dtype=np.int64) - last
+    if prior is None:
+        prior = idletimes.pooled_hazard(own.sum(axis=0), idletimes.counts(elapsed[last >= 0]))
     within = idletimes.within_after(own, elapsed, horizon, prior)
     within[last < 0] = np.nan
     length = max(len(series) for series in histories.values())

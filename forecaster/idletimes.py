@@ -11,6 +11,14 @@ the next minute), and its own timing takes over as its periods accumulate. A tim
 function's hazard is a spike at its period: it is warmed just before its next call and
 released right after, with no class-specific rule.
 
+The pool counts the periods still running too (censored, as in a Kaplan-Meier estimate): a
+function idle for three hours says that idle periods do not all end within three hours, and
+leaving it out made long periods look likelier to end than they are. Where the pool has few
+periods at risk (long idle times, and every idle time in the first hours of history), it is
+shrunk towards one constant hazard, its calls per idle minute from `TAIL_FROM` minutes on:
+without it, no period yet that long read as "never called again" (docs/prewarm.md: "Where the
+pool knows little, it no longer says never").
+
 The hybrid histogram of "Serverless in the Wild" (`histogram`) answers the same question with
 one window per function, and for functions it knows little of that window is four hours long;
 the hazard spends memory minute by minute where an invocation is likely (docs/prewarm.md).
@@ -32,7 +40,8 @@ IntArray = npt.NDArray[np.int64]
 
 RANGE_MINUTES = 240  # the hybrid histogram's range; longer periods share the last bin
 BINS = RANGE_MINUTES + 2  # index e = a period of e minutes (1..RANGE_MINUTES); the last: beyond
-PRIOR_STRENGTH = 2.0  # pseudo-periods from the pool in each function's hazard
+PRIOR_STRENGTH = 2.0  # pseudo-periods: of the pool in each function's hazard, of the tail in the pool's
+TAIL_FROM = 10  # minutes: the pool's long periods, whose rate stands in where it has none
 MIN_PERIODS = 4  # fewer idle periods than this: a new function, the pool speaks for it
 
 
@@ -46,20 +55,39 @@ class Pattern(StrEnum):
     SPARSE = "sparse"  # irregular, mostly long periods
 
 
-def counts(gaps: FloatArray) -> FloatArray:
+def counts(gaps: npt.ArrayLike) -> FloatArray:
     """Idle periods (minutes) as counts per length, the last bin for all beyond the range."""
     lengths = np.clip(np.asarray(gaps, dtype=np.int64), 1, BINS - 1)
     return np.bincount(lengths, minlength=BINS).astype(np.float64)
 
 
-def pooled_hazard(pooled: FloatArray) -> FloatArray:
-    """The hazard of summed counts: index e = P(a period ends at e | it lasted >= e); index 0
-    unused, and the beyond bin takes the hazard at the range's end (a flat tail)."""
+def pooled_hazard(pooled: FloatArray, running: FloatArray | None = None) -> FloatArray:
+    """The hazard of summed counts: index e = P(a period ends at e | it lasted >= e), shrunk
+    towards `tail_rate` by `PRIOR_STRENGTH` pseudo-periods (so where none is at risk it is that
+    rate, not 0); index 0 unused, and the beyond bin takes the hazard at the range's end (a flat
+    tail). `running`: the `counts` of the periods still running by elapsed minutes (`within_after`'s
+    convention: at E the next minute would end a period of E), at risk below E, ended nowhere."""
     at_risk = np.cumsum(pooled[::-1])[::-1]
+    if running is not None:
+        at_risk[:-1] += np.cumsum(running[::-1])[::-1][1:]
     hazard = np.zeros(BINS)
-    hazard[1:-1] = pooled[1:-1] / np.maximum(at_risk[1:-1], 1.0)
+    rate = tail_rate(pooled, running)
+    hazard[1:-1] = (pooled[1:-1] + PRIOR_STRENGTH * rate) / (at_risk[1:-1] + PRIOR_STRENGTH)
     hazard[-1] = hazard[-2]
     return hazard
+
+
+def tail_rate(pooled: FloatArray, running: FloatArray | None = None) -> float:
+    """The constant hazard of idle periods from `TAIL_FROM` minutes on, within the range: the
+    periods that ended there per idle minute every period (ended, beyond the range or running)
+    spent there; 0 before any did."""
+    lengths = np.arange(BINS)
+    most = RANGE_MINUTES - TAIL_FROM + 1
+    minutes = float(pooled @ np.clip(lengths - TAIL_FROM + 1, 0, most))  # ended at e: at risk to e
+    if running is not None:
+        minutes += float(running @ np.clip(lengths - TAIL_FROM, 0, most))  # at E: to E - 1
+    ended = float(pooled[TAIL_FROM:-1].sum())
+    return ended / minutes if minutes else 0.0
 
 
 def within_after(

@@ -153,12 +153,11 @@ class SimulatedPrewarm:
             lengths = np.minimum(minute - 1 - self._last[seen], idletimes.BINS - 1)
             self._idle[seen, lengths] += 1.0
             self._last[invoked] = minute - 1
-        prior = idletimes.pooled_hazard(self._idle.sum(axis=0))
         invoked = np.flatnonzero(self._last >= 0)
+        elapsed = minute - self._last[invoked]
+        prior = idletimes.pooled_hazard(self._idle.sum(axis=0), idletimes.counts(elapsed))
         within = np.full((len(names), HORIZON_MINUTES), np.nan)
-        within[invoked] = idletimes.within_after(
-            self._idle[invoked], minute - self._last[invoked], HORIZON_MINUTES, prior
-        )
+        within[invoked] = idletimes.within_after(self._idle[invoked], elapsed, HORIZON_MINUTES, prior)
         window = counts[:, max(0, minute - phase.CYCLES * phase.PERIOD_MINUTES) : minute] > 0
         by_phase = phase.within_by_phase(window, within)
         classes = idletimes.patterns(self._idle)

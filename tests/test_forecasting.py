@@ -11,7 +11,7 @@ import pytest
 
 from forecaster import forecasting
 from forecaster.forecasting import CALIBRATION_EDGES, SHORT_STEPS, Forecaster, probability
-from forecaster.history import MinuteCounts
+from forecaster.history import MinuteCounts, idle_minutes
 from plugin.forecasts import ForecastLoop
 
 END = 10_000  # minutes since the epoch: any fixed "now"
@@ -112,6 +112,17 @@ def test_the_choice_records_both_picks(forecaster: Forecaster) -> None:
     assert set(choice.short_model) == set(choice.model) == {"ns/hourly", "ns/busy", "ns/rare"}
     assert all(choice.models(f, "busy") == (choice.short_model[f], choice.model[f]) for f in choice.model)
     assert choice.models("ns/unknown", "sparse") == ("CrostonSBA", "CrostonSBA")
+
+
+def test_the_cycle_pools_idle_times_as_the_idle_answers_do(forecaster: Forecaster) -> None:
+    """The cycle pools every chunk's ended and running idle periods before it forecasts any;
+    over one chunk of every function that is the pool `idle_answers` makes of its own."""
+    histories = forecaster.histories(END)
+    gaps = {f: idle_minutes(series) for f, series in histories.items()}
+    own = forecasting.idle_answers(histories, gaps, 30)
+    for function, forecast in forecaster.forecast(END, horizon=30).items():
+        assert forecast.p_within_idle is not None and own[function][0] is not None
+        np.testing.assert_array_equal(forecast.p_within_idle, own[function][0])
 
 
 def test_chunks_change_nothing_and_a_stop_ends_the_cycle_at_the_next_one(

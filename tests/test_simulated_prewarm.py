@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from forecaster import phase
-from forecaster.forecasting import Forecast
+from forecaster.forecasting import Forecast, idle_answers
 from policies import heuristics
+from policies.types import NodeTable
 from prewarm.planning import DEFAULT_COLD_START_S, PlannerSettings, Reason
 from simulator import clusterspec, engine, keepalive, nodes, prewarming
 from tests.test_engine import one_function
@@ -155,22 +156,59 @@ def test_a_function_first_invoked_between_blocks_is_forecast_the_minute_after() 
     assert schedule.newcomer("steady", 9) is None and schedule.newcomer("early", 9) is None
 
 
-def test_the_simulated_planner_weighs_a_new_function_from_the_minute_after_its_first_call() -> None:
+def one_function_planner(
+    counts: np.ndarray, settings: PlannerSettings | None = None
+) -> tuple[str, prewarming.SimulatedPrewarm, NodeTable]:
+    """`one_function`'s name, the simulated planner of its `counts` (forecast in blocks of ten
+    minutes) and the `small` cluster's nodes at the start."""
     workload = one_function()
     function = workload.functions[0].service
-    counts = np.zeros((1, 20), dtype=np.int64)
-    counts[0, 13] = 4
     cluster = clusterspec.load("small")
     prewarmer = prewarming.SimulatedPrewarm(
         schedule=prewarming.forecast_schedule(counts, [function], every=10),
         states=prewarming.function_states(workload),
         policy=heuristics.kube_default(),
         budget=prewarming.budget(cluster),
-        settings=PlannerSettings(scale_down_utilization=0.0, hybrid_memory_share=None),
+        settings=settings or prewarming.planner_settings(drain_underused=False),
     )
     table, _ = nodes.Nodes(cluster).table(0.0)
+    return function, prewarmer, table
+
+
+def test_the_simulated_planner_weighs_a_new_function_from_the_minute_after_its_first_call() -> None:
+    counts = np.zeros((1, 20), dtype=np.int64)
+    counts[0, 13] = 4
+    settings = PlannerSettings(scale_down_utilization=0.0, hybrid_memory_share=None)
+    function, prewarmer, table = one_function_planner(counts, settings)
     weighed = []
     for minute in range(20):
         planned = prewarmer.plan(minute, counts[:, :minute], table, [[]])
         weighed.append(bool(planned.warm) or any(name == function for name, _ in planned.skipped))
     assert weighed.index(True) == 14  # the next block, at minute 20, would have been too late
+
+
+def test_the_simulated_planner_answers_from_idle_times_as_the_forecaster_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its per-minute idle-time answers are the forecaster's (`idle_answers`) over the same
+    minutes: the same pool of ended and still running idle periods."""
+    counts = np.zeros((1, 60), dtype=np.int64)
+    counts[0, [0, 4, 8, 12, 30]] = 1  # idle since minute 30: a period still running at 45
+    function, prewarmer, table = one_function_planner(counts)
+    seen: dict[int, Forecast] = {}
+    planning = prewarming.plan
+
+    def plan(minute: int, forecasts: dict[str, Forecast], *args: object, **kwargs: object) -> object:
+        if function in forecasts:  # none before the first block
+            seen[minute] = forecasts[function]
+        return planning(minute, forecasts, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prewarming, "plan", plan)
+    for minute in range(46):
+        prewarmer.plan(minute, counts[:, :minute], table, [[]])
+    history = {function: counts[0, :45]}
+    gaps = {function: np.diff(np.flatnonzero(history[function])).astype(np.float64)}
+    served = seen[45].p_within_idle
+    expected = idle_answers(history, gaps, prewarming.HORIZON_MINUTES)[function][0]
+    assert served is not None and expected is not None
+    np.testing.assert_array_equal(served, expected)
