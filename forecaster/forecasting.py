@@ -408,13 +408,13 @@ class Forecaster:
         """Forecasts for minutes [end_minute, end_minute + horizon) of every function (only
         `functions`, when given), a chunk at a time, every chunk's idle times shrunk towards the
         pool of all of them."""
-        pooled, running = np.zeros(idletimes.BINS), np.zeros(idletimes.BINS)
+        pooled, elapsed = np.zeros(idletimes.BINS), []  # the running periods, as `idle_answers` counts them
         for chunk in self.chunks(end_minute):
             for series in chunk.values():
                 pooled += idletimes.counts(idle_minutes(series))
                 if (last := _last_invoked(series)) >= 0:
-                    running[min(len(series) - last, idletimes.BINS - 1)] += 1.0
-        prior = idletimes.pooled_hazard(pooled, running)
+                    elapsed.append(len(series) - last)
+        prior = idletimes.pooled_hazard(pooled, idletimes.counts(elapsed))
         tasks = (
             ForecastTask(chunk, end_minute, horizon, prior, self.choice.of(chunk), self.training_minutes)
             for chunk in self.chunks(end_minute, functions)
